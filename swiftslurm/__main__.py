@@ -1,0 +1,109 @@
+"""`python -m swiftslurm [overrides]`: compose the config, plan, write the run dir, dry-run or submit.
+
+Examples:
+    python -m swiftslurm                                   # the embedded default: tiny Qwen3, CPU, here
+    python -m swiftslurm +cluster=a100x16 model=qwen3-8b strategy=zero3 dry_run=true
+    python -m swiftslurm +cluster=local-slurm wait=true    # a real 2-node SLURM job
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from swiftslurm.config import Config, open_dict_overrides, register_configs
+from swiftslurm.errors import ConfigError, SwiftSlurmError
+from swiftslurm.plan import JobPlan, make_plan
+from swiftslurm.report import dry_run_report, result_summary
+
+if TYPE_CHECKING:
+    import submitit
+
+POLL_S = 2.0
+
+
+def to_config(cfg: DictConfig) -> Config:
+    try:
+        config = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} has no value. HINT: set {err.full_key}=VALUE.") from err
+    assert isinstance(config, Config)  # the root schema guarantees it
+    return config
+
+
+_LOSS = re.compile(r"\{'loss': '([^']+)'.*?'global_step/max_steps': '([^']+)'")
+
+
+def follow(job: submitit.Job[Any], plan: JobPlan) -> None:
+    """Print training progress (the loss lines of node 0's log) until the job ends."""
+    seen: dict[Path, int] = {}
+    while not job.done():
+        time.sleep(POLL_S)
+        for log in sorted(Path(plan.run_dir, "logs").glob("*/node0.log")):
+            text = log.read_text(errors="replace")
+            for match in _LOSS.finditer(text, seen.get(log, 0)):
+                print(f"  step {match.group(2)}  loss {match.group(1)}", flush=True)
+                seen[log] = match.end()  # a line still being written is matched next time
+
+
+def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
+    """Wait for the job; print the result. Exit status 0 only if every node finished cleanly."""
+    import submitit
+
+    follow(job, plan)
+    try:
+        job.results()
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
+        print(f"swiftslurm: job {job.job_id} failed: {str(err).strip()[-2000:]}", file=sys.stderr)
+        print(result_summary(plan), file=sys.stderr)
+        return 1
+    print(f"job {job.job_id} finished.\n{result_summary(plan)}")
+    return 0
+
+
+def run(cfg: DictConfig) -> int:
+    from swiftslurm import submit, tiny
+
+    plan = make_plan(to_config(cfg))
+    run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
+    if cfg.dry_run:
+        print(dry_run_report(plan))
+        how = f"sbatch {run_dir / 'job.sbatch'}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
+        print(f"\nNothing submitted (dry_run=true). Run directory written: {run_dir}\nSubmit by hand: {how}")
+        return 0
+    if plan.tiny_cache:
+        tiny.build_tiny_assets(Path(plan.tiny_cache))
+    job = submit.submit(plan)
+    print(f"submitted job {job.job_id} ({plan.scheduler}); run dir {run_dir}", flush=True)
+    if plan.scheduler == "local" or cfg.wait:
+        return wait_for(job, plan)
+    print("Not waiting (wait=false): follow it with `squeue` and the logs in the run directory.")
+    return 0
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    try:
+        code = run(cfg)
+    except SwiftSlurmError as err:
+        print(f"swiftslurm: error: {err}", file=sys.stderr)
+        code = 2
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    register_configs()
+    sys.argv[1:] = open_dict_overrides(sys.argv[1:])
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

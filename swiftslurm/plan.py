@@ -1,0 +1,365 @@
+"""The resolved plan: every fact a run needs, computed once, validated, frozen.
+
+``make_plan(config)`` is the only place where the composed configuration is interpreted. Its result,
+``JobPlan``, is written to ``plan.json`` in the run directory and is the only thing the node side
+reads (``JobPlan.load``). Nothing here imports Hydra, torch or ms-swift: planning must stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm import tiny, validate
+from swiftslurm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from swiftslurm.config import Config
+
+PLAN_VERSION = 1
+PORT_SPAN = 20000  # master ports are base + job id mod PORT_SPAN
+# Arguments swiftslurm owns: a user value would break the run directory or resume.
+MANAGED_SWIFT_ARGS = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
+# DeepSpeed's ZeRO stages do not train over gloo (CPU) without it; a no-op where CUDA exists.
+DEEPSPEED_CPU_PATCH = Path(__file__).resolve().parent / "data" / "deepspeed_cpu_patch.py"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many processes run where. The world size is derived, never stated."""
+
+    nodes: int
+    procs_per_node: int
+    gpus_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Model-parallel degrees (Megatron); all 1 for DDP, DeepSpeed and FSDP."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """global = micro × gradient accumulation × data-parallel size, all in samples."""
+
+    micro: int
+    grad_accum: int
+    data_parallel: int
+
+    @property
+    def global_(self) -> int:
+        return self.micro * self.grad_accum * self.data_parallel
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """What is asked of SLURM. Rendered as #SBATCH lines and as submitit parameters."""
+
+    job_name: str
+    time_min: int
+    time: str
+    signal: str  # "USR2@120": USR2 (NCCL may catch USR1), that many seconds before the limit
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    gpus: str | None = None  # "--gpus-per-node" value: "8" or "a100:8"
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The contract between the login side and every node. Serialised as plan.json."""
+
+    run_name: str
+    run_dir: str
+    scheduler: str  # "local" | "slurm"
+    topology: Topology
+    parallel: Parallelism
+    batch: BatchPlan
+    launcher: str  # "swift" | "megatron"
+    command: str  # "sft" | "pt" | "rlhf"
+    executable: str  # absolute path of the `swift` / `megatron` entry point on the nodes
+    python: str
+    swift_argv: tuple[str, ...]  # the ms-swift arguments after `swift sft`, exactly as passed
+    env: tuple[tuple[str, str], ...]  # exported on every node before ms-swift starts
+    setup: tuple[str, ...] = ()
+    master_port_base: int = 10000
+    slurm: SlurmSpec | None = None
+    model_id: str = ""
+    tiny_cache: str | None = None  # where swiftslurm.tiny builds the local model/dataset this run uses
+    version: int = PLAN_VERSION
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.run_dir) / "output"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> JobPlan:
+        data = json.loads(text)
+        if data.get("version") != PLAN_VERSION:
+            raise ConfigError(
+                f"plan.json has version {data.get('version')}, this swiftslurm reads {PLAN_VERSION}. "
+                "HINT: re-plan the run with this swiftslurm version (same run_dir continues it)."
+            )
+        return _from_dict(cls, data)
+
+    @classmethod
+    def load(cls, path: Path) -> JobPlan:
+        return cls.from_json(path.read_text())
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    """Rebuild nested frozen dataclasses (and tuples of pairs) from ``asdict`` output."""
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        sub = _dataclass_type(f.type)
+        if sub is not None and isinstance(value, dict):
+            value = _from_dict(sub, value)
+        elif isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _dataclass_type(annotation: Any) -> type | None:
+    name = str(annotation).split("|")[0].strip()
+    candidate = globals().get(name)
+    return candidate if isinstance(candidate, type) and is_dataclass(candidate) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# make_plan: configuration -> JobPlan
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What planning needs from the outside world, passed in so make_plan stays pure."""
+
+    cwd: Path
+    python: str = field(default_factory=lambda: sys.executable)
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
+    """Resolve and validate ``cfg``; raise ConfigError naming the fix on the first problem found."""
+    ctx = ctx or PlanContext(cwd=Path.cwd())
+    validate.check_choices(cfg)
+    topology = _topology(cfg)
+    parallel = Parallelism(
+        cfg.strategy.tp, cfg.strategy.pp, cfg.strategy.cp, cfg.strategy.ep, cfg.strategy.sequence_parallel
+    )
+    validate.check_parallelism(cfg, topology.world_size, parallel)
+    batch = _batch(cfg, topology.world_size // parallel.model_parallel)
+    run_name = cfg.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.strategy.name}-{cfg.cluster.name}"
+    validate.check_run_name(run_name)
+    run_dir = _run_dir(cfg, run_name, ctx)
+    python = cfg.cluster.python or ctx.python
+    validate.check_paths(cfg, topology)
+    swift_args = _swift_args(cfg, topology, parallel, batch, run_dir, ctx)
+    validate.check_swift_args(cfg, swift_args)
+    return JobPlan(
+        run_name=run_name,
+        run_dir=str(run_dir),
+        scheduler=cfg.cluster.scheduler,
+        topology=topology,
+        parallel=parallel,
+        batch=batch,
+        launcher=cfg.task.launcher,
+        command=cfg.task.command,
+        executable=str(Path(python).parent / cfg.task.launcher),
+        python=python,
+        swift_argv=tuple(_to_argv(swift_args)),
+        env=tuple(sorted(_node_env(cfg).items())),
+        setup=tuple(cfg.cluster.setup),
+        master_port_base=cfg.cluster.master_port_base,
+        slurm=_slurm_spec(cfg, run_name, topology) if cfg.cluster.scheduler == "slurm" else None,
+        model_id=cfg.model.id,
+        tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg) else None,
+    )
+
+
+def _uses_tiny(cfg: Config) -> bool:
+    return cfg.model.id == "tiny" or "tiny" in cfg.dataset
+
+
+def _topology(cfg: Config) -> Topology:
+    cluster = cfg.cluster
+    procs = cluster.gpus_per_node if cluster.gpus_per_node > 0 else cluster.cpu_procs_per_node
+    return Topology(nodes=cluster.nodes, procs_per_node=procs, gpus_per_node=cluster.gpus_per_node)
+
+
+def _batch(cfg: Config, data_parallel: int) -> BatchPlan:
+    micro = cfg.micro_batch_size
+    validate.check_positive("micro_batch_size", micro)
+    if cfg.global_batch_size is None:
+        return BatchPlan(micro=micro, grad_accum=1, data_parallel=data_parallel)
+    per_step = micro * data_parallel
+    if cfg.global_batch_size % per_step != 0:
+        lower = max(per_step, cfg.global_batch_size // per_step * per_step)
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} is not a multiple of micro_batch_size × "
+            f"data-parallel size = {micro} × {data_parallel} = {per_step}, so gradient accumulation "
+            f"would not be a whole number. HINT: set global_batch_size={lower} or "
+            f"{lower + per_step}, or change micro_batch_size."
+        )
+    return BatchPlan(micro=micro, grad_accum=cfg.global_batch_size // per_step, data_parallel=data_parallel)
+
+
+def _run_dir(cfg: Config, run_name: str, ctx: PlanContext) -> Path:
+    if cfg.run_dir:
+        path = Path(os.path.expanduser(cfg.run_dir))
+    else:
+        path = Path(ctx.env.get("SWIFTSLURM_RUNS", "runs")) / run_name
+    return path if path.is_absolute() else ctx.cwd / path
+
+
+def _swift_args(
+    cfg: Config, topo: Topology, par: Parallelism, batch: BatchPlan, run_dir: Path, ctx: PlanContext
+) -> dict[str, Any]:
+    """Merge ms-swift arguments: derived < strategy < task < model < cluster < the user's `swift.*`."""
+    validate.check_not_managed(cfg.swift, MANAGED_SWIFT_ARGS)
+    for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
+        validate.check_not_planned(extra)
+    assets = tiny.asset_paths(ctx.env)
+    model = str(assets.model_dir) if cfg.model.id == "tiny" else cfg.model.id
+    datasets = [str(assets.dataset_path) if d == "tiny" else d for d in cfg.dataset]
+    args: dict[str, Any] = {"model": model, "dataset": datasets, "tuner_type": cfg.strategy.tuner_type}
+    args |= _engine_args(cfg, par)
+    args |= _batch_args(cfg, batch)
+    args |= _task_args(cfg)
+    args |= {
+        "seed": cfg.seed,
+        "output_dir": str(run_dir / "output"),
+        "ddp_timeout": cfg.cluster.nccl.timeout_s,
+    }
+    if cfg.task.launcher == "swift":
+        args |= {"data_seed": cfg.seed, "add_version": False}
+    if topo.gpus_per_node == 0:
+        # Without use_cpu every CPU rank silently trains its own copy (parallel_mode != DISTRIBUTED).
+        args |= {"use_cpu": True, "fp16": False, "bf16": False}
+        if cfg.strategy.engine == "deepspeed":
+            args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
+    for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
+        args |= dict(extra)
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def _engine_args(cfg: Config, par: Parallelism) -> dict[str, Any]:
+    strategy = cfg.strategy
+    args: dict[str, Any] = {
+        "deepspeed": strategy.deepspeed,
+        "fsdp": strategy.fsdp,
+        "quant_bits": strategy.quant_bits,
+    }
+    if strategy.engine == "megatron":
+        args |= {
+            "tensor_model_parallel_size": par.tp,
+            "pipeline_model_parallel_size": par.pp,
+            "context_parallel_size": par.cp,
+            "expert_model_parallel_size": par.ep,
+            "sequence_parallel": par.sequence_parallel,
+        }
+    return args
+
+
+def _batch_args(cfg: Config, batch: BatchPlan) -> dict[str, Any]:
+    if cfg.task.launcher == "megatron":
+        return {"micro_batch_size": batch.micro, "global_batch_size": batch.global_}
+    return {"per_device_train_batch_size": batch.micro, "gradient_accumulation_steps": batch.grad_accum}
+
+
+def _task_args(cfg: Config) -> dict[str, Any]:
+    task = cfg.task
+    args: dict[str, Any] = {"rlhf_type": task.rlhf_type}
+    if task.vllm_mode:
+        args |= {"use_vllm": True, "vllm_mode": task.vllm_mode}
+    if task.vllm_mode == "server":
+        args |= {"vllm_server_host": [task.vllm_server_host], "vllm_server_port": [task.vllm_server_port]}
+    return args
+
+
+def _to_argv(args: dict[str, Any]) -> list[str]:
+    """ms-swift's CLI spelling: booleans as true/false, lists as several values, dicts as JSON."""
+    argv = []
+    for key, value in args.items():
+        argv.append(f"--{key}")
+        if isinstance(value, bool):
+            argv.append("true" if value else "false")
+        elif isinstance(value, (list, tuple)):
+            argv.extend(str(v) for v in value)
+        elif isinstance(value, dict):
+            argv.append(json.dumps(value, sort_keys=True))
+        else:
+            argv.append(str(value))
+    return argv
+
+
+def _node_env(cfg: Config) -> dict[str, str]:
+    nccl = cfg.cluster.nccl
+    env = {
+        "NCCL_IB_DISABLE": "0" if nccl.ib else "1",
+        "NCCL_DEBUG": nccl.debug,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if nccl.async_error_handling else "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if nccl.socket_ifname:
+        env |= {"NCCL_SOCKET_IFNAME": nccl.socket_ifname, "GLOO_SOCKET_IFNAME": nccl.socket_ifname}
+    if cfg.model.id == "tiny":
+        # The tiny model is local: never let transformers or ModelScope reach for a hub.
+        env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env |= {k: str(v) for k, v in cfg.cluster.env.items()}
+    return env
+
+
+def _slurm_spec(cfg: Config, run_name: str, topo: Topology) -> SlurmSpec:
+    cluster = cfg.cluster
+    time_min = validate.parse_slurm_time(cluster.time)
+    validate.check_signal_lead(cluster.signal_lead_s, time_min)
+    validate.check_slurm_required(cfg)
+    gpus = None
+    if topo.gpus_per_node:
+        gpus = f"{cluster.gpu_type}:{topo.gpus_per_node}" if cluster.gpu_type else str(topo.gpus_per_node)
+    return SlurmSpec(
+        job_name=run_name,
+        time_min=time_min,
+        time=cluster.time,
+        signal=f"USR2@{cluster.signal_lead_s}",
+        partition=cluster.partition,
+        account=cluster.account,
+        qos=cluster.qos,
+        constraint=cluster.constraint,
+        exclude=cluster.exclude,
+        cpus_per_task=cluster.cpus_per_task,
+        mem_gb=cluster.mem_gb,
+        gpus=gpus,
+        extra=tuple((str(k), str(v)) for k, v in cluster.sbatch.items()),
+    )

@@ -1,0 +1,88 @@
+"""Pure renderings of a plan: the ms-swift command line and the sbatch script.
+
+Every value that reaches a shell is quoted with shlex.quote; #SBATCH values are checked, because sbatch
+reads those lines itself and a newline or double quote there cannot be escaped.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from swiftslurm.errors import ConfigError
+from swiftslurm.plan import JobPlan
+
+NODE_ENTRY = ("-m", "swiftslurm.node")  # what srun runs on every node: python -m swiftslurm.node RUN_DIR
+
+
+def swift_command(plan: JobPlan, extra: tuple[str, ...] = ()) -> list[str]:
+    """argv of the training command, e.g. [.../swift, sft, --model, ..., *extra]."""
+    return [plan.executable, plan.command, *plan.swift_argv, *extra]
+
+
+def display_command(argv: list[str]) -> str:
+    """A copy-pasteable shell line, one argument pair per line for readability."""
+    head, args = argv[:2], argv[2:]
+    lines = [shlex.join(head)]
+    for token in args:
+        if token.startswith("--"):
+            lines.append(shlex.quote(token))
+        else:
+            lines[-1] += " " + shlex.quote(token)
+    return " \\\n    ".join(lines)
+
+
+def sbatch_value(name: str, value: object) -> str:
+    """One #SBATCH value; sbatch honours double quotes there but has no escape for them."""
+    text = str(value)
+    if any(c in text for c in '"\n\r'):
+        raise ConfigError(
+            f"{name}={text!r} contains a double quote or newline, which an #SBATCH line cannot carry. "
+            "HINT: choose a value without them."
+        )
+    return f'"{text}"' if any(c.isspace() or c in "'\\$`#;&|" for c in text) else text
+
+
+def sbatch_directives(plan: JobPlan) -> list[tuple[str, str]]:
+    """(option, value) pairs; the same facts become submitit parameters in submit.py."""
+    spec = plan.slurm
+    if spec is None:
+        raise ConfigError("This run uses the local scheduler; there is no sbatch script. HINT: add +cluster=NAME.")
+    pairs: list[tuple[str, object | None]] = [
+        ("job-name", spec.job_name),
+        ("nodes", plan.topology.nodes),
+        ("ntasks-per-node", 1),  # one wrapper per node; it starts the node's ranks
+        ("cpus-per-task", spec.cpus_per_task),
+        ("gpus-per-node", spec.gpus),
+        ("mem", f"{spec.mem_gb}G" if spec.mem_gb else None),
+        ("partition", spec.partition),
+        ("account", spec.account),
+        ("qos", spec.qos),
+        ("constraint", spec.constraint),
+        ("exclude", spec.exclude),
+        ("time", spec.time),
+        ("signal", spec.signal),
+        ("chdir", plan.run_dir),
+        # Relative to --chdir: a '%' in the run dir would otherwise be read as a filename pattern.
+        ("output", "logs/slurm-%j.out"),
+        ("open-mode", "append"),  # a requeued job keeps its earlier output
+        ("requeue", None),
+        *spec.extra,
+    ]
+    return [(k, "" if v is None else str(v)) for k, v in pairs if v is not None or k == "requeue"]
+
+
+def render_sbatch(plan: JobPlan) -> str:
+    """job.sbatch: submit by hand with `sbatch RUN_DIR/job.sbatch` (same behaviour as swiftslurm's submit)."""
+    lines = [
+        "#!/bin/bash",
+        "# shellcheck disable=SC1090,SC1091  # cluster.setup may source site files shellcheck cannot see",
+        f"# swiftslurm run {plan.run_name}: generated from plan.json in this directory.",
+    ]
+    for option, value in sbatch_directives(plan):
+        lines.append(f"#SBATCH --{option}={sbatch_value(option, value)}" if value else f"#SBATCH --{option}")
+    # -u only after cluster.setup: module and venv/conda activation scripts read unset variables.
+    lines += ["", "set -eo pipefail", *plan.setup, "set -u", ""]
+    node = [plan.python, *NODE_ENTRY, plan.run_dir]
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered", *node]
+    lines.append(shlex.join(srun))
+    return "\n".join(lines) + "\n"

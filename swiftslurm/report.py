@@ -1,0 +1,112 @@
+"""What the command line prints: the plan, the per-node environment table, the final result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from swiftslurm.node.checkpoint import newest_checkpoint
+from swiftslurm.node.slurm_env import SlurmEnv, rank_env
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import display_command, render_sbatch, swift_command
+
+EXAMPLE_JOB_ID = "12345"
+
+
+def describe_plan(plan: JobPlan) -> str:
+    topo, batch, par = plan.topology, plan.batch, plan.parallel
+    devices = f"{topo.gpus_per_node} GPUs" if topo.gpus_per_node else f"{topo.procs_per_node} CPU process(es)"
+    lines = [
+        f"run         {plan.run_name}",
+        f"run dir     {plan.run_dir}",
+        f"command     {plan.launcher} {plan.command}  (model {plan.model_id})",
+        f"topology    {topo.nodes} node(s) × {devices} = world size {topo.world_size}  [{plan.scheduler}]",
+        f"parallel    tp {par.tp} × pp {par.pp} × cp {par.cp} (ep {par.ep}, sequence parallel "
+        f"{'on' if par.sequence_parallel else 'off'}) → data parallel {batch.data_parallel}",
+        f"batch       global {batch.global_} = micro {batch.micro} × grad accum {batch.grad_accum} "
+        f"× data parallel {batch.data_parallel} (samples per optimizer step)",
+    ]
+    if plan.slurm:
+        spec = plan.slurm
+        lines.append(
+            f"slurm       partition {spec.partition}, time {spec.time} ({spec.time_min} min), "
+            f"signal {spec.signal}, gpus/node {spec.gpus or 0}"
+        )
+    return "\n".join(lines)
+
+
+def example_node_envs(plan: JobPlan) -> list[tuple[SlurmEnv, dict[str, str]]]:
+    """What each node's wrapper will export, for an example allocation (the same code runs on nodes)."""
+    if plan.scheduler == "local":
+        where = SlurmEnv.local({})
+        return [(where, rank_env(where, plan))]
+    n = plan.topology.nodes
+    nodelist = f"node[001-{n:03d}]" if n > 1 else "node001"
+    rows = []
+    for node in range(n):
+        srun_env = {
+            "SLURM_JOB_ID": EXAMPLE_JOB_ID,
+            "SLURM_JOB_NODELIST": nodelist,
+            "SLURM_JOB_NUM_NODES": str(n),
+            "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node),
+            "SLURM_NTASKS": str(n),
+        }
+        where = SlurmEnv.from_environ(srun_env)
+        rows.append((where, rank_env(where, plan)))
+    return rows
+
+
+def node_env_table(plan: JobPlan) -> str:
+    keys = ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"]
+    rows = [["node", "host", *keys]]
+    for where, env in example_node_envs(plan):
+        host = where.hosts[where.node_id] if where.hosts else "(this machine)"
+        rows.append([str(where.node_id), host, *(env.get(k, "-") for k in keys)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    static = " ".join(f"{k}={v}" for k, v in plan.env)
+    return "\n".join([*table, f"every node also exports: {static}"])
+
+
+def dry_run_report(plan: JobPlan) -> str:
+    sections = [("plan", describe_plan(plan))]
+    if plan.slurm:
+        sections.append(("job.sbatch", render_sbatch(plan).rstrip()))
+    where = (
+        f"example allocation: SLURM_JOB_ID={EXAMPLE_JOB_ID}, hosts node001..; MASTER_PORT = "
+        f"{plan.master_port_base} + job id mod 20000"
+        if plan.slurm
+        else "this machine"
+    )
+    sections.append((f"per-node environment ({where}; '-' = not set)", node_env_table(plan)))
+    sections.append(("ms-swift command (every node)", display_command(swift_command(plan))))
+    return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections)
+
+
+def final_loss(output_dir: Path) -> float | None:
+    """The last training loss ms-swift logged to output/logging.jsonl."""
+    path = output_dir / "logging.jsonl"
+    if not path.is_file():
+        return None
+    loss = None
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written while we read
+        if isinstance(record, dict) and "loss" in record:
+            loss = float(record["loss"])
+    return loss
+
+
+def result_summary(plan: JobPlan) -> str:
+    loss = final_loss(plan.output_dir)
+    checkpoint = newest_checkpoint(plan.output_dir)
+    return "\n".join(
+        [
+            f"run dir          {plan.run_dir}",
+            f"final loss       {loss:.4f}" if loss is not None else "final loss       (none logged)",
+            f"last checkpoint  {checkpoint or '(none)'}",
+        ]
+    )

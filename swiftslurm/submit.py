@@ -1,0 +1,124 @@
+"""Writing the run directory, and submitting it through submitit (SLURM, or this machine).
+
+This module and ``slurm_cli`` are the only places that touch the scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm import slurm_cli
+from swiftslurm.errors import ConfigError, SubmitError
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import render_sbatch
+
+if TYPE_CHECKING:
+    import submitit
+
+# Facts that define what a run trains; re-using a run dir with other values would mix two runs.
+IDENTITY_FIELDS = ("launcher", "command", "swift_argv", "topology", "parallel", "batch")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and rename: readers see the old or the new file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def check_same_run(plan: JobPlan, existing: Path) -> None:
+    """A run dir continues its own run only: refuse one planned with different training settings."""
+    old = JobPlan.load(existing)
+    changed = [name for name in IDENTITY_FIELDS if getattr(old, name) != getattr(plan, name)]
+    if changed:
+        raise ConfigError(
+            f"run_dir {plan.run_dir} holds a run planned with different {', '.join(changed)}; re-using it "
+            "would resume that run with other settings. HINT: pass a new run_dir=PATH (or run_name=NAME), "
+            "or remove the old directory."
+        )
+
+
+def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
+    """Create or re-use the run directory: config.yaml, plan.json, job.sbatch (SLURM), logs/."""
+    run_dir = Path(plan.run_dir)
+    plan_path = run_dir / "plan.json"
+    if plan_path.is_file():
+        check_same_run(plan, plan_path)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.yaml", config_yaml)
+    write_atomic(plan_path, plan.to_json())
+    if plan.slurm is not None:
+        write_atomic(run_dir / "job.sbatch", render_sbatch(plan))
+    return run_dir
+
+
+def executor_parameters(plan: JobPlan) -> dict[str, Any]:
+    """submitit parameters for the same allocation job.sbatch asks for (see render.sbatch_directives)."""
+    if plan.slurm is None:
+        return {"timeout_min": 24 * 60, "tasks_per_node": 1, "nodes": 1, "name": plan.run_name}
+    spec = plan.slurm
+    extra: dict[str, Any] = {"requeue": True, "open-mode": "append", **dict(spec.extra)}
+    if spec.gpus:
+        extra["gpus-per-node"] = spec.gpus
+    params: dict[str, Any] = {
+        "name": spec.job_name,
+        "nodes": plan.topology.nodes,
+        "tasks_per_node": 1,
+        "timeout_min": spec.time_min,
+        "slurm_partition": spec.partition,
+        "slurm_signal_delay_s": int(spec.signal.split("@")[1]),
+        "slurm_setup": list(plan.setup),
+        "slurm_additional_parameters": extra,
+        "slurm_srun_args": ["--kill-on-bad-exit=1"],
+    }
+    optional = {
+        "cpus_per_task": spec.cpus_per_task,
+        "mem_gb": spec.mem_gb,
+        "slurm_account": spec.account,
+        "slurm_qos": spec.qos,
+        "slurm_constraint": spec.constraint,
+        "slurm_exclude": spec.exclude,
+    }
+    return params | {k: v for k, v in optional.items() if v is not None}
+
+
+def make_executor(plan: JobPlan) -> submitit.AutoExecutor:
+    import submitit
+
+    folder = Path(plan.run_dir) / "submitit"
+    if plan.scheduler == "local":
+        executor = submitit.AutoExecutor(folder=folder, cluster="local")
+    else:
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_python=plan.python)
+    executor.update_parameters(**executor_parameters(plan))
+    return executor
+
+
+def check_cluster(plan: JobPlan) -> None:
+    """Checks that need the live cluster: SLURM is reachable and the partition exists."""
+    if plan.slurm is None:
+        return
+    partitions = slurm_cli.partitions()
+    if plan.slurm.partition not in partitions:
+        raise SubmitError(
+            f"Partition {plan.slurm.partition!r} does not exist on this cluster. "
+            f"HINT: set cluster.partition to one of: {', '.join(sorted(partitions)) or '(none found)'}."
+        )
+
+
+def submit(plan: JobPlan) -> submitit.Job[Any]:
+    """Submit the prepared run directory; the job runs swiftslurm.node on every node."""
+    from swiftslurm.node.supervise import submitit_entry
+
+    check_cluster(plan)
+    executor = make_executor(plan)
+    try:
+        return executor.submit(submitit_entry, plan.run_dir)
+    except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
+        raise SubmitError(f"Submission failed: {err}".strip()) from err

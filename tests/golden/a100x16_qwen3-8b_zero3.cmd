@@ -1,0 +1,12 @@
+/opt/venv/bin/swift sft \
+    --model Qwen/Qwen3-8B \
+    --dataset /shared/cache/swiftslurm/tiny-v1/data/train.jsonl \
+    --tuner_type lora \
+    --deepspeed zero3 \
+    --per_device_train_batch_size 1 \
+    --gradient_accumulation_steps 1 \
+    --seed 42 \
+    --output_dir /scratch/r/output \
+    --ddp_timeout 1800 \
+    --data_seed 42 \
+    --add_version false

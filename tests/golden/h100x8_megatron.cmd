@@ -1,0 +1,14 @@
+/opt/venv/bin/megatron sft \
+    --model Qwen/Qwen3-VL-8B-Instruct \
+    --dataset /shared/cache/swiftslurm/tiny-v1/data/train.jsonl \
+    --tuner_type lora \
+    --tensor_model_parallel_size 4 \
+    --pipeline_model_parallel_size 2 \
+    --context_parallel_size 1 \
+    --expert_model_parallel_size 1 \
+    --sequence_parallel true \
+    --micro_batch_size 1 \
+    --global_batch_size 1 \
+    --seed 42 \
+    --output_dir /scratch/vl/output \
+    --ddp_timeout 1800

@@ -1,0 +1,27 @@
+/opt/venv/bin/swift sft \
+    --model /shared/cache/swiftslurm/tiny-v1/model \
+    --dataset /shared/cache/swiftslurm/tiny-v1/data/train.jsonl \
+    --tuner_type lora \
+    --per_device_train_batch_size 1 \
+    --gradient_accumulation_steps 1 \
+    --seed 42 \
+    --output_dir /scratch/tiny/output \
+    --ddp_timeout 300 \
+    --data_seed 42 \
+    --add_version false \
+    --use_cpu true \
+    --fp16 false \
+    --bf16 false \
+    --model_type qwen3 \
+    --template qwen3 \
+    --torch_dtype float32 \
+    --check_model false \
+    --report_to none \
+    --max_length 256 \
+    --max_steps 40 \
+    --save_steps 10 \
+    --logging_steps 5 \
+    --learning_rate 0.001 \
+    --lora_rank 8 \
+    --lora_alpha 16 \
+    --dataloader_num_workers 0

@@ -1,0 +1,36 @@
+"""The embedded default, for real: the tiny Qwen3 trained by ms-swift on this CPU, no SLURM."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import swiftslurm
+
+pytestmark = pytest.mark.slow
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+
+
+def test_default_command_trains_and_reports_loss_and_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = swiftslurm(f"run_dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    loss = re.search(r"final loss\s+([0-9.]+)", done.stdout)
+    assert loss and 0 < float(loss.group(1)) < 20, done.stdout
+    assert f"last checkpoint  {run_dir}/output/checkpoint-40" in done.stdout
+    assert (run_dir / "output" / "checkpoint-40" / "adapter_model.safetensors").is_file()
+    [attempt] = attempts(run_dir)
+    assert attempt["exit_code"] == 0 and attempt["resumed_from"] is None
+
+    # Same run directory again: the run continues from its newest checkpoint instead of starting over.
+    again = swiftslurm(f"run_dir={run_dir}", "swift.max_steps=50", cwd=tmp_path)
+    assert again.returncode == 2 and "different swift_argv" in again.stderr  # other settings: refused
+    again = swiftslurm(f"run_dir={run_dir}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert attempts(run_dir)[-1]["resumed_from"] == str(run_dir / "output" / "checkpoint-40")

@@ -1,0 +1,73 @@
+"""The command line as a user meets it: dry runs print everything, bad input fails cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def swiftslurm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "swiftslurm", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_dry_run_prints_plan_script_node_table_and_command(tmp_path: Path) -> None:
+    done = swiftslurm("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "2 node(s) × 8 GPUs = world size 16" in out
+    assert "global 16 = micro 1 × grad accum 1 × data parallel 16" in out
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=a100:8" in out
+    for column in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
+        assert column in out
+    assert "NCCL_IB_DISABLE=0" in out and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in out
+    assert "--deepspeed zero3" in out and "--model Qwen/Qwen3-8B" in out
+    assert "Nothing submitted" in out
+
+
+def test_dry_run_writes_the_run_directory_and_submits_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = swiftslurm("+cluster=a100x16", f"run_dir={run_dir}", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in run_dir.iterdir()} == {"config.yaml", "plan.json", "job.sbatch", "logs"}
+    assert json.loads((run_dir / "plan.json").read_text())["topology"]["nodes"] == 2
+    assert not (run_dir / "submitit").exists()
+
+
+def test_unknown_cluster_lists_the_valid_ones_without_traceback(tmp_path: Path) -> None:
+    done = swiftslurm("+cluster=a100x99", "dry_run=true", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "a100x16" in done.stderr and "local-slurm" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unknown_model_lists_the_valid_ones(tmp_path: Path) -> None:
+    done = swiftslurm("model=qwen3-7b", "dry_run=true", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "qwen3-8b" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_validation_error_exits_2_with_one_message_and_no_run_dir(tmp_path: Path) -> None:
+    done = swiftslurm("+cluster=a100x16", "swift.lerning_rate=1e-4", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "Did you mean `swift.learning_rate`" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_rerun_with_other_training_settings_refuses_to_mix_runs(tmp_path: Path) -> None:
+    args = ("+cluster=a100x16", f"run_dir={tmp_path / 'r'}", "dry_run=true")
+    assert swiftslurm(*args, cwd=tmp_path).returncode == 0
+    done = swiftslurm(*args, "swift.learning_rate=5e-5", cwd=tmp_path)
+    assert done.returncode == 2 and "different swift_argv" in done.stderr
+
+
+def test_every_recipe_plans(tmp_path: Path) -> None:
+    for recipe in sorted((REPO / "conf" / "recipe").glob("*.yaml")):
+        done = swiftslurm(f"+recipe={recipe.stem}", "dry_run=true", f"run_dir={tmp_path / recipe.stem}", cwd=tmp_path)
+        assert done.returncode == 0, f"{recipe.stem}: {done.stderr}"
