@@ -1,11 +1,29 @@
-"""Finding checkpoints in ms-swift's output directory."""
+"""Committed checkpoints: a `checkpoint-N` counts only once its manifest has been written, last.
+
+Transformers writes `checkpoint-N` in place, so a kill mid-save leaves a folder that looks complete
+but is not. The manifest (files, sizes, SHA-256, step, world size, ms-swift version) is written after
+every rank has finished writing, with temp file + fsync + rename, so it exists whole or not at all.
+Resume takes the newest committed checkpoint whose files still match; anything newer and uncommitted
+is moved aside into `quarantine/`, never deleted and never loaded.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+MANIFEST = "swiftslurm_manifest.json"
+QUARANTINE = "quarantine"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_CHUNK = 8 << 20
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -14,13 +32,157 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def newest_checkpoint(output_dir: Path) -> Path | None:
-    """The highest-step `checkpoint-N` that has its trainer_state.json (written at the end of a save)."""
+def checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
+    """All `checkpoint-N` folders, oldest first (a symlink like `last-checkpoint` is not one)."""
     if not output_dir.is_dir():
-        return None
-    found = [
-        (step, path)
-        for path in output_dir.iterdir()
-        if (step := checkpoint_step(path)) is not None and (path / "trainer_state.json").is_file()
+        return []
+    found = [(step, p) for p in output_dir.iterdir() if (step := checkpoint_step(p)) is not None and not p.is_symlink()]
+    return sorted(found)
+
+
+def sha256_and_fsync(path: Path) -> str:
+    """SHA-256 of a file, fsynced on the way so the bytes are on disk before the manifest is."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+        os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+def _files(checkpoint: Path) -> list[Path]:
+    return sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.is_symlink() and p.name != MANIFEST)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Temp file in the same folder, fsync, rename, fsync the folder: the file is whole or absent."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def commit(checkpoint: Path, world_size: int, swift_version: str) -> dict[str, Any]:
+    """Write the manifest of a fully written checkpoint. Call once every rank has finished saving."""
+    step = checkpoint_step(checkpoint)
+    if step is None:
+        raise ValueError(f"{checkpoint} is not a checkpoint-N folder")
+    files = [
+        {"path": str(p.relative_to(checkpoint)), "size": p.stat().st_size, "sha256": sha256_and_fsync(p)}
+        for p in _files(checkpoint)
     ]
-    return max(found)[1] if found else None
+    for folder in {p.parent for p in _files(checkpoint)} | {checkpoint}:
+        _fsync_dir(folder)
+    manifest = {
+        "format": 1,
+        "step": step,
+        "world_size": world_size,
+        "ms_swift_version": swift_version,
+        "committed_at": time.time(),
+        "files": files,
+    }
+    write_json_atomic(checkpoint / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((checkpoint / MANIFEST).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("step") == checkpoint_step(checkpoint) else None
+
+
+def problems(checkpoint: Path, deep: bool = False) -> list[str]:
+    """What is wrong with a committed checkpoint: missing manifest, missing or resized files; with
+    ``deep``, changed contents too. Empty when it can be resumed from."""
+    manifest = read_manifest(checkpoint)
+    if manifest is None:
+        return [f"{checkpoint.name}: no manifest (never committed)"]
+    found = []
+    for entry in manifest["files"]:
+        path = checkpoint / entry["path"]
+        if not path.is_file():
+            found.append(f"{checkpoint.name}/{entry['path']}: missing")
+        elif path.stat().st_size != entry["size"]:
+            found.append(
+                f"{checkpoint.name}/{entry['path']}: {path.stat().st_size} bytes, manifest says {entry['size']}"
+            )
+        elif deep and sha256_and_fsync(path) != entry["sha256"]:
+            found.append(f"{checkpoint.name}/{entry['path']}: checksum differs from the manifest")
+    return found
+
+
+def is_committed(checkpoint: Path) -> bool:
+    return read_manifest(checkpoint) is not None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where the next attempt starts, and what was set aside to get there."""
+
+    checkpoint: Path | None
+    step: int
+    quarantined: tuple[Path, ...] = ()
+    rejected: tuple[str, ...] = ()  # committed checkpoints whose files no longer match
+
+
+def newest_committed(output_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint whose manifest exists and whose files match it, and why newer ones did not."""
+    rejected: list[str] = []
+    for _, path in reversed(checkpoint_dirs(output_dir)):
+        if not is_committed(path):
+            continue
+        issues = problems(path)
+        if not issues:
+            return path, rejected
+        rejected.extend(issues)
+    return None, rejected
+
+
+def quarantine_newer_than(output_dir: Path, step: int, tag: str) -> list[Path]:
+    """Move every checkpoint newer than ``step`` into quarantine/<name>.<tag>: it was not committed (or no
+    longer verifies), and training will write that step again."""
+    moved = []
+    for found_step, path in checkpoint_dirs(output_dir):
+        if found_step > step:
+            target = output_dir / QUARANTINE / f"{path.name}.{tag}"
+            target.parent.mkdir(exist_ok=True)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
+
+
+def prepare_resume(output_dir: Path, tag: str, move: bool) -> ResumePoint:
+    """Pick the resume point; with ``move`` (node 0 only) set aside what is newer than it."""
+    checkpoint, rejected = newest_committed(output_dir)
+    step = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
+    moved = quarantine_newer_than(output_dir, step, tag) if move else []
+    return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected))
+
+
+def prune_committed(output_dir: Path, keep: int) -> list[Path]:
+    """Delete committed checkpoints beyond the newest ``keep`` (at least 1: never the newest one)."""
+    committed = [path for _, path in checkpoint_dirs(output_dir) if is_committed(path)]
+    doomed = committed[: -max(keep, 1)]
+    for path in doomed:
+        # The manifest goes first: a half-deleted folder must not look committed.
+        (path / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def newest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest committed checkpoint (what a resume would load), or None."""
+    return newest_committed(output_dir)[0]

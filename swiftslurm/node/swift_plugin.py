@@ -1,0 +1,74 @@
+"""ms-swift plugin (`--external_plugins`), imported by every training rank: commits checkpoints.
+
+It registers the callback `swiftslurm_commit`. After each save every rank meets at a barrier (so all
+shards, optimizer and RNG states are written), then global rank 0 checksums the files and writes the
+manifest last, in a background thread so training goes on meanwhile. The thread is not a daemon: a
+process that exits normally finishes its commit first; one that is killed leaves the checkpoint
+uncommitted, which is exactly what it is. Retention (`save_total_limit`, here `keep_checkpoints`) is
+applied after a commit, so the newest committed checkpoint is never deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from swift.callbacks import TrainerCallback, callbacks_map
+
+from swiftslurm.node import checkpoint
+
+log = logging.getLogger("swiftslurm")
+KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _swift_version() -> str:
+    from importlib.metadata import version
+
+    return version("ms-swift")
+
+
+class CommitCallback(TrainerCallback):  # type: ignore[misc]
+    """Commit each checkpoint once all ranks have written it."""
+
+    def __init__(self, args: Any, trainer: Any) -> None:
+        super().__init__(args, trainer)
+        self._commits: list[threading.Thread] = []
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        _barrier()
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            thread = threading.Thread(target=self._commit, args=(folder, world_size), name="swiftslurm-commit")
+            thread.start()
+            self._commits.append(thread)
+        return control
+
+    def _commit(self, folder: Path, world_size: int) -> None:
+        try:
+            checkpoint.commit(folder, world_size, _swift_version())
+            print(f"[swiftslurm] committed {folder.name}", flush=True)
+            keep = int(os.environ.get(KEEP_ENV, "0"))
+            if keep > 0:
+                for gone in checkpoint.prune_committed(folder.parent, keep):
+                    print(f"[swiftslurm] pruned {gone.name} (keep_checkpoints={keep})", flush=True)
+        except Exception as err:  # logged and left uncommitted: resume falls back to an older one
+            print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        for thread in self._commits:
+            thread.join()
+        return control
+
+
+callbacks_map["swiftslurm_commit"] = CommitCallback
