@@ -129,6 +129,24 @@ class TaskConfig:
 
 
 @dataclass
+class ResilienceConfig:
+    """What happens after an attempt ends (preemption, time limit, failure): see docs/resilience.md."""
+
+    max_attempts: int = doc(50, "Ceiling on attempts for the whole run, preemptions not counted.")
+    max_timeouts: int = doc(20, "Attempts that may end at the time limit before the run stops.")
+    max_consecutive_failures: int = doc(
+        3, "Infrastructure failures in a row without a new committed checkpoint before the run stops."
+    )
+    backoff_base_s: float = doc(30.0, "Delay before the first retry after a failure, in seconds; doubles each time.")
+    backoff_max_s: float = doc(600.0, "Longest retry delay, in seconds.")
+    startup_timeout_s: float = doc(3600.0, "No first training step within this many seconds = hung (killed, retried).")
+    hang_timeout_s: float = doc(1800.0, "No new training step for this many seconds = hung (killed, retried).")
+    user_error_window_s: float = doc(
+        300.0, "A Python error before any step within this many seconds of the start is a user error: no retry."
+    )
+
+
+@dataclass
 class Config:
     """The whole run. Top-level switches are given bare: `dry_run=true wait=true run_dir=/path`."""
 
@@ -146,6 +164,10 @@ class Config:
         None, "Samples per optimizer step over all ranks; null = micro_batch_size × data-parallel size."
     )
     seed: int = doc(42, "Random seed (ms-swift `--seed` and `--data_seed`).")
+    keep_checkpoints: int = doc(
+        0, "Committed checkpoints kept (older ones deleted after each commit; never the newest); 0 keeps all."
+    )
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     dry_run: bool = doc(False, "Resolve, validate and print everything; write the run dir; submit nothing.")
     wait: bool = doc(False, "Wait for the job to finish (always true on the local scheduler).")
     swift: dict[str, Any] = doc({}, "Any ms-swift argument, given as `swift.<argument>=<value>`; wins over all.")

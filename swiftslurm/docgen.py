@@ -14,6 +14,7 @@ SECTIONS = [
     ("`task/`", "task.", config.TaskConfig),
     ("`cluster/`", "cluster.", config.ClusterConfig),
     ("`cluster.nccl`", "cluster.nccl.", config.NcclConfig),
+    ("`resilience`", "resilience.", config.ResilienceConfig),
 ]
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -26,6 +26,9 @@ PORT_SPAN = 20000  # master ports are base + job id mod PORT_SPAN
 MANAGED_SWIFT_ARGS = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
 # DeepSpeed's ZeRO stages do not train over gloo (CPU) without it; a no-op where CUDA exists.
 DEEPSPEED_CPU_PATCH = Path(__file__).resolve().parent / "data" / "deepspeed_cpu_patch.py"
+# Imported by every training rank (ms-swift --external_plugins): registers the commit callback.
+SWIFT_PLUGIN = Path(__file__).resolve().parent / "node" / "swift_plugin.py"
+COMMIT_CALLBACKS = ("graceful_exit", "swiftslurm_commit")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,21 @@ class SlurmSpec:
 
 
 @dataclass(frozen=True)
+class Resilience:
+    """Budgets and watchdog limits the node side applies after each attempt (see ResilienceConfig)."""
+
+    max_attempts: int = 50
+    max_timeouts: int = 20
+    max_consecutive_failures: int = 3
+    backoff_base_s: float = 30.0
+    backoff_max_s: float = 600.0
+    startup_timeout_s: float = 3600.0
+    hang_timeout_s: float = 1800.0
+    user_error_window_s: float = 300.0
+    signal_lead_s: int = 120
+
+
+@dataclass(frozen=True)
 class JobPlan:
     """The contract between the login side and every node. Serialised as plan.json."""
 
@@ -109,6 +127,8 @@ class JobPlan:
     slurm: SlurmSpec | None = None
     model_id: str = ""
     tiny_cache: str | None = None  # where swiftslurm.tiny builds the local model/dataset this run uses
+    keep_checkpoints: int = 0  # committed checkpoints kept; 0 = all
+    resilience: Resilience = field(default_factory=Resilience)
     version: int = PLAN_VERSION
 
     @property
@@ -204,6 +224,8 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         slurm=_slurm_spec(cfg, run_name, topology) if cfg.cluster.scheduler == "slurm" else None,
         model_id=cfg.model.id,
         tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg) else None,
+        keep_checkpoints=cfg.keep_checkpoints,
+        resilience=Resilience(**vars(cfg.resilience), signal_lead_s=cfg.cluster.signal_lead_s),
     )
 
 
@@ -270,7 +292,23 @@ def _swift_args(
             args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
     for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
         args |= dict(extra)
+    if cfg.task.launcher == "swift":
+        args |= _commit_args(args)
     return {k: v for k, v in args.items() if v is not None}
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _commit_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Save on SLURM's signal (graceful_exit) and commit every checkpoint (swiftslurm's plugin), keeping
+    whatever callbacks and plugins the configuration asked for."""
+    callbacks = [c for c in _as_list(args.get("callbacks")) if c not in COMMIT_CALLBACKS]
+    plugins = [p for p in _as_list(args.get("external_plugins")) if p != str(SWIFT_PLUGIN)]
+    return {"callbacks": [*callbacks, *COMMIT_CALLBACKS], "external_plugins": [*plugins, str(SWIFT_PLUGIN)]}
 
 
 def _engine_args(cfg: Config, par: Parallelism) -> dict[str, Any]:

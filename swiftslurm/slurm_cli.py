@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
+from datetime import datetime
 
 from swiftslurm.errors import SubmitError
 
@@ -29,3 +32,13 @@ def run(argv: list[str]) -> str:
 def partitions() -> set[str]:
     """Names of the partitions this cluster has (the default one is marked '*' by sinfo; stripped)."""
     return {line.strip().rstrip("*") for line in run(["sinfo", "-h", "-o", "%P"]).splitlines() if line.strip()}
+
+
+def job_end_time(job_id: str) -> float | None:
+    """When the job's time limit ends (seconds since the epoch), or None if it has no limit."""
+    if os.environ.get("SLURM_JOB_ID") == job_id and os.environ.get("SLURM_JOB_END_TIME", "").isdigit():
+        return float(os.environ["SLURM_JOB_END_TIME"])
+    match = re.search(r"\bEndTime=(\S+)", run(["scontrol", "show", "job", "-o", job_id]))
+    if not match or match.group(1) in ("Unknown", "None"):
+        return None
+    return datetime.fromisoformat(match.group(1)).timestamp()  # scontrol prints local time

@@ -198,6 +198,8 @@ PLANNED_SWIFT_ARGS = {
     "dataset": "dataset",
     "model": "model.id",
     "ddp_timeout": "cluster.nccl.timeout_s",
+    # Transformers deletes old checkpoints before the new one is committed; swiftslurm prunes after.
+    "save_total_limit": "keep_checkpoints",
 }
 
 

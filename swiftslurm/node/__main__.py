@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.supervise import run_node
+from swiftslurm.node.supervise import exit_code, run_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m swiftslurm.node RUN_DIR", file=sys.stderr)
         return 2
     try:
-        return run_node(args[0]).exit_code
+        return exit_code(run_node(args[0]))
     except SwiftSlurmError as err:
         print(f"swiftslurm: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from swiftslurm.node.signals import descendants, send
+
+
+def _ignore_save_signal() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
 
 class Trainer:
     """A running training command. ``wait()`` returns its exit code (negative: killed by that signal)."""
@@ -30,6 +36,9 @@ class Trainer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # `swift` and torchrun must survive SLURM's USR2 (it kills by default); the workers
+                # install ms-swift's graceful_exit handler over the inherited "ignore".
+                preexec_fn=_ignore_save_signal,
             )
 
     @property
@@ -47,11 +56,11 @@ class Trainer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
-    def stop(self, grace_s: float = 30.0) -> int:
-        """TERM the group, then KILL it if it has not exited within ``grace_s`` seconds."""
-        self.signal_group(signal.SIGTERM)
-        try:
-            return self.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.signal_group(signal.SIGKILL)
-            return self.wait()
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to the trainer and every descendant, torchrun's workers in their own sessions too."""
+        send([self.proc.pid, *descendants(self.proc.pid)], sig)
+
+    def kill(self) -> int:
+        """KILL everything the trainer started (a hung run cannot be asked politely)."""
+        self.signal_all(signal.SIGKILL)
+        return self.wait()

@@ -1,25 +1,37 @@
-"""The on-node wrapper: plan.json + SLURM environment -> ms-swift on this node -> an attempt record."""
+"""The on-node wrapper: plan.json + SLURM environment -> ms-swift on this node -> what happens next.
+
+Every node: pick the newest committed checkpoint, start ms-swift with USR2 ignored by `swift`/torchrun,
+record stop signals and forward USR2 to the training workers (they save at the current step and exit),
+and write this node's result. Node 0 (the leader) also watches progress (a hung run is killed), then
+classifies how the attempt ended, decides (decide.py, pure) and acts: done, stop, or requeue the same
+SLURM job (excluding failed hosts, after a back-off). Other nodes always exit 0: with
+`srun --kill-on-bad-exit` a failing follower would kill the leader before it has decided.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 
-from swiftslurm.errors import NodeError
-from swiftslurm.node.checkpoint import newest_checkpoint
+from swiftslurm import slurm_cli
+from swiftslurm.errors import NodeError, SwiftSlurmError
+from swiftslurm.node import decide, records
+from swiftslurm.node.checkpoint import ResumePoint, checkpoint_step, newest_committed, prepare_resume
 from swiftslurm.node.launch import Trainer
+from swiftslurm.node.progress import ProgressWatch, finished_steps, tail
+from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.tiny import build_tiny_assets
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+POLL_S = 0.5
+REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
+SILENT_HOST_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -29,10 +41,23 @@ class NodeResult:
     exit_code: int
     log_path: str
     resumed_from: str | None
+    decision: str | None = None  # leader only: done | requeue | stop
+    why: str = ""
 
 
 class TrainingFailed(RuntimeError):
-    """ms-swift exited non-zero on this node (raised for submitit, which then marks the job failed)."""
+    """The run stopped for good (raised for submitit, which then marks the job failed)."""
+
+
+@dataclass
+class Observed:
+    """How one trainer run went, as seen from its node."""
+
+    exit_code: int
+    signals: list[tuple[int, float]]
+    hung: bool
+    watch: ProgressWatch
+    started: float
 
 
 def load_plan(run_dir: Path) -> JobPlan:
@@ -52,61 +77,259 @@ def attempt_id(where: SlurmEnv) -> str:
 
 
 def run_node(run_dir_arg: str) -> NodeResult:
-    """Run this node's share of the training and return how it ended."""
+    """Run this node's share of the run until the run is done, stopped, or requeued."""
     run_dir = Path(run_dir_arg).resolve()
     plan = load_plan(run_dir)
     where = SlurmEnv.from_environ(os.environ)
     check_allocation(where, plan)
     if plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
         build_tiny_assets(Path(plan.tiny_cache))
-    resume = newest_checkpoint(plan.output_dir)
-    extra = ("--resume_from_checkpoint", str(resume)) if resume else ()
-    env = {**os.environ, **dict(plan.env), **rank_env(where, plan)}
-    log_path = run_dir / "logs" / attempt_id(where) / f"node{where.node_id}.log"
+    leader = where.node_id == 0
+    if leader and (stopped := _close_lost_attempt(run_dir, plan, where)) is not None:
+        return stopped
+    attempt = attempt_id(where)
+    for retry in range(1, 1 << 30):
+        resume = prepare_resume(plan.output_dir, tag=attempt, move=leader)
+        observed = _train(plan, where, run_dir, attempt, resume)
+        result = NodeResult(
+            where.node_id,
+            socket.gethostname(),
+            observed.exit_code,
+            str(_log(run_dir, attempt, where)),
+            str(resume.checkpoint) if resume.checkpoint else None,
+        )
+        records.write_node_result(run_dir / "logs" / attempt, where.node_id, result.hostname, observed.exit_code)
+        if not leader:
+            return result
+        decision = _conclude(plan, where, run_dir, attempt, resume, observed)
+        result = replace(result, decision=decision.action.value, why=decision.why)
+        if decision.action is not decide.Action.REQUEUE:
+            return result
+        if where.in_slurm:
+            _requeue(where, decision)
+            return result
+        time.sleep(decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
+        attempt = f"{attempt_id(where)}.retry{retry}"
+    raise AssertionError("unreachable")
+
+
+def _log(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
+    return run_dir / "logs" / attempt / f"node{where.node_id}.log"
+
+
+def _trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        **dict(plan.env),
+        **rank_env(where, plan),
+        "SWIFTSLURM_RUN_DIR": str(run_dir),
+        "SWIFTSLURM_KEEP_CHECKPOINTS": str(plan.keep_checkpoints),
+    }
+
+
+def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint) -> Observed:
+    """Run ms-swift once; forward stop signals to its workers; the leader kills it if it hangs."""
+    extra = ("--resume_from_checkpoint", str(resume.checkpoint)) if resume.checkpoint else ()
+    log_path = _log(run_dir, attempt, where)
     started = time.time()
-    trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
-    code = _wait_forwarding_signals(trainer)
-    result = NodeResult(where.node_id, socket.gethostname(), code, str(log_path), str(resume) if resume else None)
-    if where.node_id == 0:
-        _record_attempt(run_dir, where, result, started)
-    return result
+    watch = ProgressWatch(log_path, started)
+    with SignalLog().installed() as signals:
+        trainer = Trainer(swift_command(plan, extra), _trainer_env(plan, where, run_dir), log_path, cwd=run_dir)
+        hung, forwarded_at = False, 0.0
+        while (code := trainer.poll()) is None:
+            time.sleep(POLL_S)
+            now = time.time()
+            if signals.received and now - forwarded_at >= REFORWARD_S:
+                # Whatever stop signal came (USR2 from SLURM, TERM from scancel), the workers get USR2: it
+                # makes them save and exit, and torchrun ignores it (TERM would make it SIGKILL them 30 s on).
+                trainer.signal_all(SAVE_SIGNAL)
+                forwarded_at = now
+            watch.poll(now)
+            if where.node_id == 0 and not signals.received and _hung(watch, plan, now):
+                hung = True
+                trainer.kill()
+        return Observed(code, list(signals.received), hung, watch, started)
 
 
-def _wait_forwarding_signals(trainer: Trainer) -> int:
-    """Wait for the trainer; a TERM/INT sent to this wrapper (scancel, Ctrl-C) is passed to its group."""
+def _hung(watch: ProgressWatch, plan: JobPlan, now: float) -> bool:
+    limit = plan.resilience.hang_timeout_s if watch.first_step_at else plan.resilience.startup_timeout_s
+    return watch.stalled_for(now) > limit
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        trainer.signal_group(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> decide.Reason | None:
+    usr2 = next((t for s, t in observed.signals if s == SAVE_SIGNAL), None)
+    if usr2 is None:
+        return None
+    return decide.classify_signal(usr2, _end_time(where), plan.resilience.signal_lead_s)
+
+
+def _end_time(where: SlurmEnv) -> float | None:
+    if not where.in_slurm or where.job_id is None:
+        return None
     try:
-        return trainer.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        return slurm_cli.job_end_time(where.job_id)
+    except SwiftSlurmError:
+        return None
 
 
-def _record_attempt(run_dir: Path, where: SlurmEnv, result: NodeResult, started: float) -> None:
-    """Append one line per attempt to attempts.jsonl (a single small write: appends do not interleave)."""
-    line = {
-        "attempt": attempt_id(where),
+def _conclude(
+    plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, observed: Observed
+) -> decide.Decision:
+    """Leader: classify the attempt, fold it into the run's history, decide, and write it all down."""
+    cancelled = bool(observed.signals) and SAVE_SIGNAL not in {s for s, _ in observed.signals}
+    hosts = where.hosts or (socket.gethostname(),)
+    failed = _failed_host(run_dir / "logs" / attempt, hosts, observed)
+    facts = decide.AttemptFacts(
+        exit_code=observed.exit_code,
+        signal_reason=_signal_reason(observed, where, plan),
+        steps_done=max(0, (observed.watch.step or 0) - resume.step),
+        reached_last_step=observed.exit_code == 0 and _reached_last_step(plan),
+        hung=observed.hung,
+        log_tail=tail(_log(run_dir, attempt, where)),
+        elapsed_s=time.time() - observed.started,
+        failed_host=failed,
+    )
+    reason, explanation = decide.classify(facts, plan.resilience.user_error_window_s)
+    committed, _ = newest_committed(plan.output_dir)
+    committed_step = checkpoint_step(committed) if committed else 0
+    history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
+    decision = decide.decide(reason, explanation, history, _budget(plan))
+    if cancelled:  # scancel / Ctrl-C: the user stopped it; never requeue
+        decision = decide.Decision(decide.Action.STOP, reason, f"cancelled (TERM/INT); {explanation}")
+    records.append_attempt(run_dir, _record(where, attempt, resume, observed, decision, committed_step, failed))
+    records.write_status(
+        run_dir,
+        _state(decision, cancelled),
+        reason=reason.value,
+        why=decision.why,
+        job_id=where.job_id,
+        attempt=attempt,
+        committed_step=committed_step,
+    )
+    print(f"[swiftslurm] attempt {attempt}: {decision.why}", flush=True)
+    return decision
+
+
+def _failed_host(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> str | None:
+    if observed.exit_code == 0 or observed.signals or len(hosts) < 2:
+        return None
+    silent = records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
+    return silent[0] if silent else None
+
+
+def _reached_last_step(plan: JobPlan) -> bool:
+    steps = finished_steps(plan.output_dir)
+    return steps is not None and steps[0] >= steps[1]
+
+
+def _budget(plan: JobPlan) -> decide.Budget:
+    r = plan.resilience
+    return decide.Budget(r.max_attempts, r.max_timeouts, r.max_consecutive_failures, r.backoff_base_s, r.backoff_max_s)
+
+
+def _history(run_dir: Path, reason: decide.Reason, progressed: bool, failed: str | None) -> decide.History:
+    history = None
+    for record in records.read_attempts(run_dir):
+        history = decide.history_after(
+            history, decide.Reason(record["reason"]), record.get("progressed", False), record.get("failed_host")
+        )
+    return decide.history_after(history, reason, progressed, failed)
+
+
+def _state(decision: decide.Decision, cancelled: bool) -> str:
+    if cancelled:
+        return "cancelled"
+    return {"done": "finished", "requeue": "requeued", "stop": "failed"}[decision.action.value]
+
+
+def _record(
+    where: SlurmEnv,
+    attempt: str,
+    resume: ResumePoint,
+    observed: Observed,
+    decision: decide.Decision,
+    committed_step: int | None,
+    failed: str | None,
+) -> dict[str, object]:
+    watch = observed.watch
+    return {
+        "attempt": attempt,
         "job_id": where.job_id,
         "restart_count": where.restart_count,
-        "hosts": list(where.hosts) or [result.hostname],
-        "start": round(started, 3),
+        "hosts": list(where.hosts) or [socket.gethostname()],
+        "start": round(observed.started, 3),
         "end": round(time.time(), 3),
-        **{k: v for k, v in asdict(result).items() if k in ("exit_code", "resumed_from")},
+        "exit_code": observed.exit_code,
+        "signals": [[signal.Signals(s).name, round(t, 3)] for s, t in observed.signals],
+        "first_step_at": watch.first_step_at,
+        "last_step": watch.step,
+        "max_steps": watch.max_steps,
+        "resumed_from": str(resume.checkpoint) if resume.checkpoint else None,
+        "resume_step": resume.step,
+        "quarantined": [str(p) for p in resume.quarantined],
+        "rejected": list(resume.rejected),
+        "committed_step": committed_step,
+        "progressed": (committed_step or 0) > resume.step,
+        "failed_host": failed,
+        "reason": decision.reason.value,
+        "decision": decision.action.value,
+        "why": decision.why,
+        "delay_s": decision.delay_s,
+        "exclude_hosts": list(decision.exclude_hosts),
     }
-    with open(run_dir / "attempts.jsonl", "a") as out:
-        out.write(json.dumps(line) + "\n")
+
+
+def _close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult | None:
+    """Record an attempt that ended without a record (its node died, or SLURM killed everything), and
+    stop here if the budget says so. Marks this attempt as open."""
+    attempt = attempt_id(where)
+    lost = records.open_attempt(run_dir, {"attempt": attempt, "job_id": where.job_id, "start": time.time()})
+    records.write_status(run_dir, "running", job_id=where.job_id, attempt=attempt)
+    if lost is None:
+        return None
+    reason = decide.Reason.INFRA
+    why = f"attempt {lost['attempt']} ended without a record (a node was lost, or the job was killed)"
+    decision = decide.decide(reason, why, _history(run_dir, reason, False, None), _budget(plan))
+    records.append_attempt(
+        run_dir,
+        {
+            **lost,
+            "reason": reason.value,
+            "decision": decision.action.value,
+            "why": decision.why,
+            "progressed": False,
+            "end": None,
+        },
+    )
+    if decision.action is not decide.Action.STOP:
+        return None
+    records.write_status(run_dir, "failed", reason=reason.value, why=decision.why, job_id=where.job_id)
+    return NodeResult(0, socket.gethostname(), 1, "", None, decision.action.value, decision.why)
+
+
+def _requeue(where: SlurmEnv, decision: decide.Decision) -> None:
+    """Requeue this job (same id); exclusions and back-off are set on it once it is pending again."""
+    # `scontrol requeue` TERMs this very step; the update that follows must still get through.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    job = str(where.job_id)
+    slurm_cli.run(["scontrol", "requeue", job])
+    updates = []
+    if decision.exclude_hosts:
+        updates.append(f"ExcNodeList={','.join(decision.exclude_hosts)}")
+    if decision.delay_s > 0:
+        updates.append(f"StartTime=now+{int(decision.delay_s)}")
+    if updates:
+        slurm_cli.run(["scontrol", "update", f"JobId={job}", *updates])
 
 
 def submitit_entry(run_dir: str) -> NodeResult:
-    """What submitit pickles and runs on every node: like run_node, but a failure raises."""
+    """What submitit pickles and runs on every node: like run_node, but a stopped run raises."""
     result = run_node(run_dir)
-    if result.exit_code != 0:
-        raise TrainingFailed(
-            f"ms-swift exited with code {result.exit_code} on node {result.node_rank} ({result.hostname}); "
-            f"see {result.log_path}"
-        )
+    if result.decision == decide.Action.STOP.value:
+        raise TrainingFailed(f"run stopped: {result.why}")
     return result
+
+
+def exit_code(result: NodeResult) -> int:
+    """Process exit status for `python -m swiftslurm.node`: non-zero only when the run stopped."""
+    return 1 if result.decision == decide.Action.STOP.value else 0

@@ -37,7 +37,7 @@ def _swift_version() -> str:
     return version("ms-swift")
 
 
-class CommitCallback(TrainerCallback):  # type: ignore[misc]
+class CommitCallback(TrainerCallback):
     """Commit each checkpoint once all ranks have written it."""
 
     def __init__(self, args: Any, trainer: Any) -> None:

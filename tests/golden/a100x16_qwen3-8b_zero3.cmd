@@ -9,4 +9,6 @@
     --output_dir /scratch/r/output \
     --ddp_timeout 1800 \
     --data_seed 42 \
-    --add_version false
+    --add_version false \
+    --callbacks graceful_exit swiftslurm_commit \
+    --external_plugins <repo>/swiftslurm/node/swift_plugin.py

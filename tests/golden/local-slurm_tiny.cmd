@@ -24,4 +24,6 @@
     --learning_rate 0.001 \
     --lora_rank 8 \
     --lora_alpha 16 \
-    --dataloader_num_workers 0
+    --dataloader_num_workers 0 \
+    --callbacks graceful_exit swiftslurm_commit \
+    --external_plugins <repo>/swiftslurm/node/swift_plugin.py

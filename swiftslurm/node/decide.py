@@ -1,0 +1,310 @@
+"""What happens after an attempt ends: why it ended (`classify`), then finish, requeue or stop (`decide`).
+
+An attempt is one run of the SLURM job; a requeued job keeps its id and starts the next attempt. The
+wrapper on node 0 gathers `AttemptFacts`, classifies them, folds the result into `History` with
+`history_after` and acts on `decide`. Everything here is pure: no clock, no files, no environment.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from enum import Enum
+
+RESUBMIT = "rerun your `python -m swiftslurm ...` command with the same run_dir (it resumes from the last checkpoint)"
+OOM_HINT = (
+    "HINT: lower `micro_batch_size`, add GPUs (`cluster.nodes`), "
+    "or shard more (`strategy=zero3`, `strategy=zero3_offload`)"
+)
+
+
+class Reason(str, Enum):
+    """Why an attempt ended."""
+
+    FINISHED = "finished"  # training reached its last step
+    PREEMPTED = "preempted"  # SLURM's signal (or a manual one) arrived well before the time limit
+    TIMED_OUT = "timed_out"  # the signal arrived near the time limit
+    INFRA = "infra"  # collective timeout, lost peer or node, killed process, hang: worth another attempt
+    USER_ERROR = "user_error"  # bad input or a config that cannot fit: another attempt would fail the same way
+
+
+class Action(str, Enum):
+    DONE = "done"  # the run is complete
+    REQUEUE = "requeue"  # start another attempt of the same job after Decision.delay_s
+    STOP = "stop"  # give up; Decision.why tells a person what to do
+
+
+def classify_signal(now: float, end_time: float | None, lead_s: int, slack_s: int = 60) -> Reason:
+    """TIMED_OUT when the stop signal is SLURM's time-limit warning (`--signal=USR2@lead_s`), else PREEMPTED.
+
+    The default slack is 60 s because sbatch(1) says the signal "may be sent up to 60 seconds earlier than
+    specified". Without an end time (not under SLURM, or no limit) a signal can only be a preemption.
+    """
+    if end_time is None:
+        return Reason.PREEMPTED
+    return Reason.TIMED_OUT if end_time - now <= lead_s + slack_s else Reason.PREEMPTED
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What the wrapper on node 0 observed about one attempt."""
+
+    exit_code: int  # the trainer's; negative: killed by that signal (-9 = SIGKILL)
+    signal_reason: Reason | None  # classify_signal's verdict if a stop signal arrived, else None
+    steps_done: int  # training steps logged in this attempt
+    reached_last_step: bool
+    hung: bool  # our progress watchdog fired
+    log_tail: str  # the last ~200 lines of this node's training log
+    elapsed_s: float
+    failed_host: str | None  # a host the wrapper identified as failing, if any
+
+
+# Matched against single log lines, as the libraries print them (case-sensitive).
+_CUDA_OOM = re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory")
+_INFRA = re.compile(
+    "|".join(
+        (
+            r"NCCL error|ncclSystemError|ncclRemoteError|NCCL communicator was aborted",
+            r"Watchdog caught collective operation timeout|ProcessGroupNCCL",
+            r"Connection closed by peer|Connection reset by peer|Gloo connectFullMesh failed",
+            r"\[\.\./third_party/gloo|ProcessGroupGloo",
+            r"DistStoreError|RendezvousTimeoutError|TCPStore|Socket Timeout",
+            r"CUDA error: an illegal memory access|CUDA error: unspecified launch failure|ECC error|\bXid\b",
+            r"\bKilled\b|oom[-_]kill",
+        )
+    )
+)
+# torchrun reports a child killed by a signal as "exitcode  : -9 (pid: 1234)" and
+# "traceback : Signal 9 (SIGKILL) received by PID 1234".
+_TORCHRUN_KILLED = re.compile(r"exitcode\s*:\s*-(\d+)|Signal (\d+) \(SIG\w+\) received by PID")
+# torchrun prefixes worker lines: "[rank0]: Traceback ...", "[rank0]:   File ...", "[rank0]:[W110 ...".
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?")
+# torch's info/warning lines ("[W110 12:00:00.1 ProcessGroupNCCL.cpp:1168] Warning: ...", "W0110 ...",
+# "[W socket.cpp:...]") and NCCL's INFO lines: normal runs print these too (a process group destructor
+# warning at every exit, store connection retries at start-up), so they prove nothing.
+_CHATTER = re.compile(r"^(?:\[?[IWD]\d{3,4}\s|\[[IWD]\s)|\bNCCL INFO\b")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::.*)?$")
+_WRAPPER_EXCEPTION = re.compile(r"ChildFailedError|CalledProcessError")  # torchrun/swift reporting a child
+_USAGE_ERROR = re.compile(r"^[\w.\-]+: error: .+")  # argparse: "swift: error: unrecognized arguments: --lr"
+
+
+@dataclass(frozen=True)
+class LogFailure:
+    kind: str  # "infra", "cuda_oom" or "exception"
+    line: str
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def evidence_lines(log_tail: str) -> list[str]:
+    """Lines that can show a failure. Indented ones are traceback frames: `store = TCPStore(...)` is no failure."""
+    lines = (_RANK_PREFIX.sub("", raw).rstrip() for raw in log_tail.splitlines())
+    return [line for line in lines if line and not line[0].isspace() and not _CHATTER.search(line)]
+
+
+def first_log_failure(log_tail: str) -> LogFailure | None:
+    """The earliest failure in the log, which is taken as the root cause.
+
+    Earliest, because one rank's error makes its peers fail next: a FileNotFoundError on rank 0 is
+    followed by "Connection closed by peer" on rank 1, and that attempt is a user error, not infrastructure.
+    """
+    awaiting_exception = False
+    for line in evidence_lines(log_tail):
+        if _CUDA_OOM.search(line):
+            return LogFailure("cuda_oom", line)
+        if _INFRA.search(line):
+            return LogFailure("infra", line)
+        if line.startswith("Traceback (most recent call last)"):
+            awaiting_exception = True
+        elif awaiting_exception and _EXCEPTION.match(line):
+            awaiting_exception = False
+            if not _WRAPPER_EXCEPTION.search(line):
+                return LogFailure("exception", line)
+        elif _USAGE_ERROR.match(line):
+            return LogFailure("exception", line)
+    return None
+
+
+def signal_in_exit_code(exit_code: int) -> int | None:
+    """The signal that an exit code reports: -N (Popen), 128+N (a shell), or 256-N.
+
+    256-N because `swift` ends with `sys.exit(child.returncode)`: a child killed by SIGKILL (-9) makes
+    swift exit with 247. 255 stays an ordinary error: it is also `exit(-1)`.
+    """
+    if exit_code < 0:
+        return -exit_code
+    if 128 < exit_code <= 128 + 64:
+        return exit_code - 128
+    if 192 < exit_code < 255:
+        return 256 - exit_code
+    return None
+
+
+def killing_signal(exit_code: int, log_tail: str) -> str | None:
+    """How the trainer was killed by a signal, from its exit code or from torchrun's report of a worker."""
+    names = {s.value: s.name for s in signal.Signals}
+    if (number := signal_in_exit_code(exit_code)) is not None:
+        return f"{names.get(number, f'signal {number}')} (exit code {exit_code})"
+    if match := _TORCHRUN_KILLED.search(log_tail):
+        number = int(match.group(1) or match.group(2))
+        return f"{names.get(number, f'signal {number}')} (torchrun: a training process died of it)"
+    return None
+
+
+def steps_phrase(steps_done: int) -> str:
+    return "before any training step" if steps_done == 0 else f"after {steps_done} training steps"
+
+
+def classify(facts: AttemptFacts, user_error_window_s: float = 300) -> tuple[Reason, str]:
+    """Why the attempt ended, and one line for humans. The rules are tried in order; the first match wins."""
+    steps = steps_phrase(facts.steps_done)
+    if facts.reached_last_step and facts.exit_code == 0:
+        return Reason.FINISHED, f"training reached its last step ({facts.steps_done} steps this attempt)"
+    if facts.signal_reason is not None:  # saving and exiting after the signal is normal, whatever the exit code
+        return facts.signal_reason, f"{facts.signal_reason.value.replace('_', ' ')} {steps}"
+    if facts.hung:
+        return infra(facts, f"no training step logged within the progress watchdog's limit ({steps})")
+    killed = killing_signal(facts.exit_code, facts.log_tail)
+    if killed:
+        return infra(facts, f"trainer killed by {killed} {steps}")
+    return classify_log(facts, user_error_window_s)
+
+
+def classify_log(facts: AttemptFacts, user_error_window_s: float) -> tuple[Reason, str]:
+    """The part of `classify` that reads the log, for an attempt that ended on its own and was not killed."""
+    steps = steps_phrase(facts.steps_done)
+    failure = first_log_failure(facts.log_tail)
+    if failure is None:
+        if facts.exit_code == 0:
+            return infra(facts, f"trainer stopped early without a signal (exit code 0 {steps})")
+        return infra(facts, f"trainer exited with code {facts.exit_code} {steps}; no known error in the log")
+    line = one_line(failure.line)
+    if failure.kind == "infra":
+        return infra(facts, f"{line} ({steps})")
+    if failure.kind == "cuda_oom":  # the same batch on the same GPUs runs out of memory again
+        short = one_line(failure.line, limit=100)
+        return Reason.USER_ERROR, f"{short} ({steps}): the config does not fit in GPU memory. {OOM_HINT}"
+    if facts.steps_done == 0 and facts.elapsed_s < user_error_window_s:
+        return Reason.USER_ERROR, f"{line} ({steps})"
+    # After training started (or after a long start-up) the same input worked: more likely the machine.
+    return infra(facts, f"{line} ({steps}, {facts.elapsed_s:.0f}s in)")
+
+
+def infra(facts: AttemptFacts, explanation: str) -> tuple[Reason, str]:
+    host = f" [failing host: {facts.failed_host}]" if facts.failed_host else ""
+    return Reason.INFRA, explanation + host
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much retrying a run may do (the node side's copy of the run's configuration)."""
+
+    max_attempts: int = 50  # ceiling for attempts of every reason but PREEMPTED (preemptions are unlimited)
+    max_timeouts: int = 20  # time-outs that are requeued; one more stops the run
+    max_consecutive_failures: int = 3  # INFRA attempts in a row without a new checkpoint that are requeued
+    backoff_base_s: float = 30  # wait after the first infrastructure failure; doubles with each one in a row
+    backoff_max_s: float = 600
+
+
+@dataclass(frozen=True)
+class History:
+    """Counts over the run's attempts so far, the one just ended included."""
+
+    attempts: int
+    timeouts: int
+    consecutive_failures: int  # INFRA attempts in a row; 0 after any attempt that committed a checkpoint or finished
+    failed_hosts: tuple[str, ...] = ()  # hosts that failed so far, first failure first
+    preemptions: int = 0  # not counted against Budget.max_attempts
+
+
+def history_after(
+    previous: History | None, reason: Reason, committed_new_checkpoint: bool, failed_host: str | None
+) -> History:
+    """`previous` with the attempt that just ended added (None before the first attempt)."""
+    before = previous or History(attempts=0, timeouts=0, consecutive_failures=0)
+    hosts = before.failed_hosts
+    if failed_host and failed_host not in hosts:
+        hosts = (*hosts, failed_host)
+    return History(
+        attempts=before.attempts + 1,
+        timeouts=before.timeouts + (reason is Reason.TIMED_OUT),
+        consecutive_failures=failures_after(before.consecutive_failures, reason, committed_new_checkpoint),
+        failed_hosts=hosts,
+        preemptions=before.preemptions + (reason is Reason.PREEMPTED),
+    )
+
+
+def failures_after(previous: int, reason: Reason, committed_new_checkpoint: bool) -> int:
+    """Progress resets the count; a preemption or time-out without progress neither adds to it nor clears it."""
+    if committed_new_checkpoint or reason is Reason.FINISHED:
+        return 0
+    return previous + 1 if reason is Reason.INFRA else previous
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: Reason
+    why: str  # one line for humans: what happened and what happens next
+    delay_s: float = 0
+    exclude_hosts: tuple[str, ...] = ()
+
+
+def decide(reason: Reason, explanation: str, history: History, budget: Budget) -> Decision:
+    """Finish, requeue or stop after an attempt ended for `reason` (see `classify`)."""
+    decision = decide_by_reason(reason, explanation, history, budget)
+    counted = history.attempts - history.preemptions
+    if decision.action is Action.REQUEUE and reason is not Reason.PREEMPTED and counted >= budget.max_attempts:
+        why = (
+            f"{explanation}; stopped: ceiling of {budget.max_attempts} attempts reached (preemptions not counted); "
+            f"if the run still makes progress, raise `resilience.max_attempts` and {RESUBMIT}"
+        )
+        return Decision(Action.STOP, reason, why)
+    return decision
+
+
+def decide_by_reason(reason: Reason, explanation: str, history: History, budget: Budget) -> Decision:
+    # Every requeue carries the failed hosts, so whoever applies it may replace the exclusion list.
+    exclude = tuple(sorted(set(history.failed_hosts)))
+    if reason is Reason.FINISHED:
+        return Decision(Action.DONE, reason, f"{explanation}; done")
+    if reason is Reason.USER_ERROR:
+        return Decision(Action.STOP, reason, f"user error: {explanation}; not retried: fix it, then {RESUBMIT}")
+    if reason is Reason.PREEMPTED:
+        return Decision(Action.REQUEUE, reason, f"{explanation}; requeued (preemptions are unlimited)", 0, exclude)
+    if reason is Reason.TIMED_OUT:
+        return decide_timeout(explanation, history, budget, exclude)
+    return decide_infra(explanation, history, budget, exclude)
+
+
+def decide_timeout(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
+    count = f"{history.timeouts} of {budget.max_timeouts} time-outs"
+    if history.timeouts <= budget.max_timeouts:
+        return Decision(Action.REQUEUE, Reason.TIMED_OUT, f"{explanation}; requeued ({count})", 0, exclude)
+    why = (
+        f"{explanation}; stopped: {history.timeouts} time-outs exceed the budget of {budget.max_timeouts}: "
+        f"raise `resilience.max_timeouts` or the time limit `cluster.time`, then {RESUBMIT}"
+    )
+    return Decision(Action.STOP, Reason.TIMED_OUT, why)
+
+
+def decide_infra(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
+    failures = history.consecutive_failures
+    if failures > budget.max_consecutive_failures:
+        why = (
+            f"{failures} infrastructure failures in a row without progress: {explanation}; stopped: check the "
+            f"nodes and the node logs, then {RESUBMIT} (or raise `resilience.max_consecutive_failures`)"
+        )
+        return Decision(Action.STOP, Reason.INFRA, why)
+    # Exponential back-off; an INFRA attempt that still committed a checkpoint (count 0) waits the base time.
+    delay = min(budget.backoff_max_s, budget.backoff_base_s * 2 ** max(failures - 1, 0))
+    excluding = f", excluding {','.join(exclude)}" if exclude else ""
+    why = (
+        f"infrastructure failure: {explanation}; requeued in {delay:.0f}s "
+        f"({failures} of {budget.max_consecutive_failures} failures in a row without progress{excluding})"
+    )
+    return Decision(Action.REQUEUE, Reason.INFRA, why, delay, exclude)

@@ -1,0 +1,74 @@
+"""Training progress as ms-swift reports it: the step lines in a node's log, the summary in logging.jsonl."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# ms-swift prints "{'loss': '6.613', ..., 'global_step/max_steps': '11/40', ...}" on rank 0 after a `\r`.
+_STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
+
+
+@dataclass
+class ProgressWatch:
+    """Follows a log file: the newest step and when it was first seen (for the hang watchdog)."""
+
+    log_path: Path
+    started: float
+    step: int | None = None
+    max_steps: int | None = None
+    first_step_at: float | None = None
+    last_change_at: float | None = None
+    _offset: int = 0
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._offset)
+                chunk = log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return
+        matches = list(_STEP.finditer(chunk))
+        if matches:
+            # Only complete matches advance the offset: a line still being written is read again.
+            self._offset += len(chunk[: matches[-1].end()].encode(errors="replace"))
+            step, total = int(matches[-1].group(1)), int(matches[-1].group(2))
+            if step != self.step:
+                self.step, self.max_steps, self.last_change_at = step, total, now
+                self.first_step_at = self.first_step_at or now
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the last new step (since the start while none was seen yet)."""
+        return now - (self.last_change_at or self.started)
+
+
+def finished_steps(output_dir: Path) -> tuple[int, int] | None:
+    """(global step, max steps) from ms-swift's end-of-training summary in logging.jsonl, if training
+    ended (normally, or after a graceful stop); None while it runs or if it died."""
+    path = output_dir / "logging.jsonl"
+    if not path.is_file():
+        return None
+    summary = None
+    for line in path.read_text(errors="replace").splitlines():
+        if '"train_runtime"' in line and '"global_step/max_steps"' in line:
+            summary = line
+    if summary is None:
+        return None
+    try:
+        done, total = json.loads(summary)["global_step/max_steps"].split("/")
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return None
+    return int(done), int(total)
+
+
+def tail(path: Path, lines: int = 200) -> str:
+    """The last ``lines`` lines of a log (progress bars split on '\\r' so they do not drown the rest)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])

@@ -1,0 +1,81 @@
+"""What a run directory remembers between attempts: attempts.jsonl, status.json and per-node results.
+
+attempts.jsonl is append-only, one line per attempt (each line one small write, so appends from
+successive attempts never interleave). status.json is the run's current state, replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.node.checkpoint import write_json_atomic
+
+ATTEMPTS = "attempts.jsonl"
+STATUS = "status.json"
+OPEN_ATTEMPT = "attempt_open.json"  # the attempt in progress; left behind if it died without a record
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / ATTEMPTS
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line from a crash: skip it, keep the rest
+            continue
+    return records
+
+
+def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
+    with open(run_dir / ATTEMPTS, "a") as out:
+        out.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def write_status(run_dir: Path, state: str, **facts: Any) -> None:
+    """state: running | requeued | finished | failed | stopped | cancelled."""
+    write_json_atomic(run_dir / STATUS, {"state": state, "updated": round(time.time(), 3), **facts})
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / STATUS).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def open_attempt(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """Mark an attempt as started; return the previous open one if it never wrote its record."""
+    path = run_dir / OPEN_ATTEMPT
+    previous = None
+    if path.is_file():
+        try:
+            previous = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            previous = None
+    write_json_atomic(path, record)
+    recorded = {r.get("attempt") for r in read_attempts(run_dir)}
+    return previous if previous and previous.get("attempt") not in recorded else None
+
+
+def node_result_path(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / f"node{node}.json"
+
+
+def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -> None:
+    write_json_atomic(node_result_path(attempt_dir, node), {"node": node, "host": host, "exit_code": exit_code})
+
+
+def silent_hosts(attempt_dir: Path, hosts: tuple[str, ...], wait_s: float, poll_s: float = 1.0) -> list[str]:
+    """Hosts whose wrapper wrote no result within ``wait_s``: lost nodes (or killed wrappers)."""
+    deadline = time.time() + wait_s
+    while True:
+        missing = [h for i, h in enumerate(hosts) if not node_result_path(attempt_dir, i).is_file()]
+        if not missing or time.time() >= deadline:
+            return missing
+        time.sleep(poll_s)

@@ -1,0 +1,70 @@
+"""Stop signals: the handler only records; the wrapper's main loop forwards them and decides.
+
+SLURM sends USR2 ahead of a preemption or the time limit (`--signal=USR2@N`; USR2 because NCCL may catch
+USR1) to every process of the step. `swift` and torchrun must not die of it (they are started with USR2
+ignored, see launch.py) while the training workers save on it (ms-swift's `graceful_exit` callback). The
+workers run in sessions of their own under torchrun, so the wrapper forwards to each of them itself
+rather than to a process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+SAVE_SIGNAL = signal.SIGUSR2
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class SignalLog:
+    """Signals received, in order, with their arrival time (seconds since the epoch)."""
+
+    received: list[tuple[int, float]] = field(default_factory=list)
+
+    def record(self, signum: int, _frame: FrameType | None = None) -> None:
+        self.received.append((signum, time.time()))
+
+    def first(self, signum: int) -> float | None:
+        return next((t for s, t in self.received if s == signum), None)
+
+    @contextlib.contextmanager
+    def installed(self, signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[SignalLog]:
+        previous = {sig: signal.signal(sig, self.record) for sig in signals}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """Every live descendant of ``root``, whatever session or group it moved to (torchrun's workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited while we looked
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def send(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
