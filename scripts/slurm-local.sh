@@ -285,6 +285,9 @@ SwitchType=switch/none
 # Nodes declare CPUs/RealMemory below; trust that over what slurmd detects on the shared host.
 SlurmdParameters=config_overrides
 ReturnToService=2
+# A node whose slurmd stops answering is marked DOWN after this many seconds (default 300), so tests
+# of a lost node see the job end and come back on the remaining nodes within a minute.
+SlurmdTimeout=20
 SchedulerType=sched/backfill
 # Short scheduling intervals so requeued/preempted jobs restart within seconds (tiny cluster).
 SchedulerParameters=sched_interval=2,bf_interval=2

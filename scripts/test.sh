@@ -6,11 +6,14 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 
+# Three nodes: 2-node jobs, plus a spare for the test that loses a node. `up` is a no-op when the
+# cluster already runs with this configuration.
+export SWIFTSLURM_SLURM_NODES=3
 started_cluster=0
 if ! bash scripts/slurm-local.sh status >/dev/null 2>&1; then
-  bash scripts/slurm-local.sh up
   started_cluster=1
 fi
+bash scripts/slurm-local.sh up
 # Stop the cluster again only if this script started it.
 trap '[[ $started_cluster == 1 ]] && bash scripts/slurm-local.sh down' EXIT
 

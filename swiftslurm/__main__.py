@@ -20,7 +20,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from swiftslurm.config import Config, open_dict_overrides, register_configs
 from swiftslurm.errors import ConfigError, SwiftSlurmError
-from swiftslurm.plan import JobPlan, make_plan
+from swiftslurm.plan import JobPlan, PlanContext, make_plan
 from swiftslurm.report import dry_run_report, result_summary
 
 if TYPE_CHECKING:
@@ -68,10 +68,23 @@ def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
     return 0
 
 
+def sweep_point() -> str | None:
+    """In a Hydra multirun, this point's overrides as a path-safe name (`lr=1e-4,strategy=zero2`)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None
+    point = hydra_cfg.job.override_dirname.replace("swift.", "").replace("+", "")
+    name = re.sub(r"[^A-Za-z0-9._=,-]+", "_", point)
+    return name or str(hydra_cfg.job.num)
+
+
 def run(cfg: DictConfig) -> int:
     from swiftslurm import submit, tiny
 
-    plan = make_plan(to_config(cfg))
+    plan = make_plan(to_config(cfg), PlanContext(cwd=Path.cwd(), sweep_point=sweep_point()))
     run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
     if cfg.dry_run:
         print(dry_run_report(plan))

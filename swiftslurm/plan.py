@@ -187,6 +187,7 @@ class PlanContext:
     cwd: Path
     python: str = field(default_factory=lambda: sys.executable)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    sweep_point: str | None = None  # in a Hydra sweep (-m): this point's overrides, to name its run
 
 
 def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
@@ -200,6 +201,8 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     validate.check_parallelism(cfg, topology.world_size, parallel)
     batch = _batch(cfg, topology.world_size // parallel.model_parallel)
     run_name = cfg.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.strategy.name}-{cfg.cluster.name}"
+    if ctx.sweep_point and not cfg.run_name:
+        run_name += f"-{ctx.sweep_point}"  # each sweep point is its own run, with its own run dir
     validate.check_run_name(run_name)
     run_dir = _run_dir(cfg, run_name, ctx)
     python = cfg.cluster.python or ctx.python

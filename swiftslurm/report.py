@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from swiftslurm.node.checkpoint import newest_checkpoint
+from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
@@ -103,8 +104,11 @@ def final_loss(output_dir: Path) -> float | None:
 def result_summary(plan: JobPlan) -> str:
     loss = final_loss(plan.output_dir)
     checkpoint = newest_checkpoint(plan.output_dir)
+    status = read_status(Path(plan.run_dir)) or {}
+    attempts = len(read_attempts(Path(plan.run_dir)))
     return "\n".join(
         [
+            f"state            {status.get('state', 'unknown')}: {status.get('why', '')} ({attempts} attempt(s))",
             f"run dir          {plan.run_dir}",
             f"final loss       {loss:.4f}" if loss is not None else "final loss       (none logged)",
             f"last checkpoint  {checkpoint or '(none)'}",

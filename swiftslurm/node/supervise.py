@@ -16,6 +16,7 @@ import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import NodeError, SwiftSlurmError
@@ -107,7 +108,6 @@ def run_node(run_dir_arg: str) -> NodeResult:
             return result
         if where.in_slurm:
             _requeue(where, decision)
-            return result
         time.sleep(decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
         attempt = f"{attempt_id(where)}.retry{retry}"
     raise AssertionError("unreachable")
@@ -157,10 +157,18 @@ def _hung(watch: ProgressWatch, plan: JobPlan, now: float) -> bool:
 
 
 def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> decide.Reason | None:
-    usr2 = next((t for s, t in observed.signals if s == SAVE_SIGNAL), None)
-    if usr2 is None:
+    """USR2: preempted or timed out, by how close the time limit was. A TERM without USR2 is a cancel,
+    unless it came at the time limit itself (SLURM's warning was missed): that is a time-out too."""
+    if not observed.signals:
         return None
-    return decide.classify_signal(usr2, _end_time(where), plan.resilience.signal_lead_s)
+    end_time = _end_time(where)
+    usr2 = next((t for s, t in observed.signals if s == SAVE_SIGNAL), None)
+    if usr2 is not None:
+        return decide.classify_signal(usr2, end_time, plan.resilience.signal_lead_s)
+    first = observed.signals[0][1]
+    if end_time is not None and decide.classify_signal(first, end_time, 0) is decide.Reason.TIMED_OUT:
+        return decide.Reason.TIMED_OUT
+    return None
 
 
 def _end_time(where: SlurmEnv) -> float | None:
@@ -176,12 +184,13 @@ def _conclude(
     plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, observed: Observed
 ) -> decide.Decision:
     """Leader: classify the attempt, fold it into the run's history, decide, and write it all down."""
-    cancelled = bool(observed.signals) and SAVE_SIGNAL not in {s for s, _ in observed.signals}
+    signal_reason = _signal_reason(observed, where, plan)
+    cancelled = bool(observed.signals) and signal_reason is None  # scancel / Ctrl-C
     hosts = where.hosts or (socket.gethostname(),)
     failed = _failed_host(run_dir / "logs" / attempt, hosts, observed)
     facts = decide.AttemptFacts(
         exit_code=observed.exit_code,
-        signal_reason=_signal_reason(observed, where, plan),
+        signal_reason=signal_reason,
         steps_done=max(0, (observed.watch.step or 0) - resume.step),
         reached_last_step=observed.exit_code == 0 and _reached_last_step(plan),
         hung=observed.hung,
@@ -307,7 +316,7 @@ def _close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeRe
     return NodeResult(0, socket.gethostname(), 1, "", None, decision.action.value, decision.why)
 
 
-def _requeue(where: SlurmEnv, decision: decide.Decision) -> None:
+def _requeue(where: SlurmEnv, decision: decide.Decision) -> NoReturn:
     """Requeue this job (same id); exclusions and back-off are set on it once it is pending again."""
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -320,6 +329,10 @@ def _requeue(where: SlurmEnv, decision: decide.Decision) -> None:
         updates.append(f"StartTime=now+{int(decision.delay_s)}")
     if updates:
         slurm_cli.run(["scontrol", "update", f"JobId={job}", *updates])
+    # Wait here for SLURM to end this attempt (TERM is ignored, KILL follows after KillWait): returning
+    # would let submitit record a result, and its waiter would take the requeued job for finished.
+    while True:
+        time.sleep(60)
 
 
 def submitit_entry(run_dir: str) -> NodeResult:

@@ -71,3 +71,10 @@ def test_every_recipe_plans(tmp_path: Path) -> None:
     for recipe in sorted((REPO / "conf" / "recipe").glob("*.yaml")):
         done = swiftslurm(f"+recipe={recipe.stem}", "dry_run=true", f"run_dir={tmp_path / recipe.stem}", cwd=tmp_path)
         assert done.returncode == 0, f"{recipe.stem}: {done.stderr}"
+
+
+def test_each_sweep_point_gets_its_own_run_dir_named_after_what_varies(tmp_path: Path) -> None:
+    done = swiftslurm("-m", "+cluster=a100x16", "swift.learning_rate=1e-4,2e-4", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name != "sweeps")
+    assert names == ["tiny-sft-ddp-a100x16-learning_rate=0.0001", "tiny-sft-ddp-a100x16-learning_rate=0.0002"]

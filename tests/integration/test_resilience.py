@@ -1,0 +1,160 @@
+"""Preemption, real preemption, time limits, user errors: on the real SLURM cluster with real ms-swift.
+
+CPU training here is deterministic, so a run that was stopped and resumed must end with the same adapter
+bytes as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swiftslurm.node.checkpoint import is_committed
+from tests.integration.conftest import job_state, swiftslurm, wait_for_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+LONG = ("swift.max_steps=120", "swift.save_steps=50")
+ADAPTER = "output/checkpoint-120/adapter_model.safetensors"
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    path = run_dir / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def current_step(run_dir: Path) -> int:
+    """The newest training step any attempt's node 0 has logged."""
+    steps = [
+        int(m)
+        for log in run_dir.glob("logs/*/node0.log")
+        for m in re.findall(r"'global_step/max_steps': '(\d+)/", log.read_text(errors="replace"))
+    ]
+    return max(steps, default=0)
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def submit(run_dir: Path, *overrides: str) -> str:
+    done = swiftslurm("+cluster=local-slurm", f"run_dir={run_dir}", *overrides, cwd=run_dir.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"submitted job (\d+)", done.stdout)
+    assert match, done.stdout
+    return match.group(1)
+
+
+def preempt_at_steps(run_dir: Path, job: str, steps: list[int]) -> None:
+    """`scancel --signal=USR2` (what SLURM sends ahead of a preemption) once training passes each step."""
+    for step in steps:
+        wait_until(lambda s=step: current_step(run_dir) >= s, 300, f"step {step}")
+        before = len(attempts(run_dir))
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        wait_until(lambda b=before: len(attempts(run_dir)) > b, 120, "the preempted attempt's record")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: None) -> bytes:
+    """The final adapter of a run that is never stopped (same seed, same settings)."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *LONG, cwd=run_dir.parent)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return (run_dir / ADAPTER).read_bytes()
+
+
+def test_signal_mid_training_commits_requeues_and_ends_identical(tmp_path: Path, uninterrupted: bytes) -> None:
+    run_dir = tmp_path / "run"
+    # The user waits on the run: the command must follow it across the requeue and exit 0 at the end.
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "swiftslurm", "+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *LONG],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert waiter.stdout is not None
+    job = re.search(r"submitted job (\d+)", waiter.stdout.readline())
+    assert job, "no job id printed"
+    preempt_at_steps(run_dir, job.group(1), [30])
+    output, _ = waiter.communicate(timeout=600)
+    assert waiter.returncode == 0, output[-3000:]
+
+    first, last = attempts(run_dir)[0], attempts(run_dir)[-1]
+    assert (first["reason"], first["decision"]) == ("preempted", "requeue")
+    saved = Path(run_dir / "output" / f"checkpoint-{first['committed_step']}")
+    assert first["committed_step"] == first["last_step"] >= 30  # saved at the step it was at
+    assert is_committed(saved)
+    assert last["resumed_from"] == str(saved) and last["job_id"] == first["job_id"]  # same job, requeued
+    assert status(run_dir)["state"] == "finished"
+    assert (run_dir / ADAPTER).read_bytes() == uninterrupted
+
+
+def test_several_preemptions_in_a_row_still_end_identical(tmp_path: Path, uninterrupted: bytes) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, *LONG)
+    preempt_at_steps(run_dir, job, [20, 55, 90])
+    assert wait_for_job(job) == "COMPLETED"
+    reasons = [a["reason"] for a in attempts(run_dir)]
+    assert reasons == ["preempted", "preempted", "preempted", "finished"], reasons
+    resumed = [a["resume_step"] for a in attempts(run_dir)]
+    committed = [a["committed_step"] for a in attempts(run_dir)]
+    assert resumed[1:] == committed[:-1]  # every attempt starts where the previous one committed
+    assert (run_dir / ADAPTER).read_bytes() == uninterrupted
+
+
+def test_real_preemption_by_a_higher_priority_job(tmp_path: Path, slurm_cluster: None) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, "swift.max_steps=150", "swift.save_steps=50")
+    wait_until(lambda: current_step(run_dir) >= 25, 300, "training to start")
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "-N3", "--exclusive", "--wrap", "sleep 3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert wait_for_job(urgent) == "COMPLETED"
+    assert wait_for_job(job) == "COMPLETED"
+    records = attempts(run_dir)
+    assert records[0]["reason"] == "preempted" and records[-1]["reason"] == "finished"
+    assert records[-1]["resume_step"] == records[0]["committed_step"] > 0
+    assert status(run_dir)["state"] == "finished"
+
+
+def test_run_longer_than_its_time_limit_finishes_over_several_attempts(tmp_path: Path, slurm_cluster: None) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, "cluster.time=2", "cluster.signal_lead_s=60", "swift.max_steps=500", "swift.save_steps=100")
+    assert wait_for_job(job, timeout_s=900) == "COMPLETED"
+    reasons = [a["reason"] for a in attempts(run_dir)]
+    assert reasons[0] == "timed_out" and reasons[-1] == "finished", reasons
+    assert (run_dir / "output" / "checkpoint-500" / "adapter_model.safetensors").is_file()
+
+
+def test_user_error_is_not_retried_and_says_why(tmp_path: Path, slurm_cluster: None) -> None:
+    from swiftslurm import tiny
+
+    dataset = tmp_path / "data" / "train.jsonl"
+    dataset.parent.mkdir()
+    shutil.copy(tiny.build_tiny_assets().dataset_path, dataset)
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, f"dataset=[{dataset}]")
+    dataset.unlink()  # deleted after submission, before ms-swift reads it
+    assert wait_for_job(job) == "FAILED"
+    [record] = attempts(run_dir)
+    assert (record["reason"], record["decision"]) == ("user_error", "stop")
+    assert "train.jsonl" in record["why"] or "FileNotFoundError" in record["why"], record["why"]
+    assert status(run_dir)["state"] == "failed" and status(run_dir)["why"] == record["why"]
+    assert job_state(job) == "FAILED"

@@ -1,0 +1,87 @@
+"""Signal forwarding targets, progress parsing and run records."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from swiftslurm.node import records
+from swiftslurm.node.progress import ProgressWatch, finished_steps
+from swiftslurm.node.signals import SignalLog, descendants
+
+
+def test_descendants_include_children_that_started_their_own_session() -> None:
+    # parent -> child in a new session (like torchrun's workers) -> grandchild
+    code = (
+        "import subprocess, sys, time;"
+        "subprocess.Popen([sys.executable, '-c', 'import subprocess,sys,time;"
+        'subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]); time.sleep(30)\'],'
+        " start_new_session=True); time.sleep(30)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(descendants(parent.pid)) == 2
+    finally:
+        for pid in descendants(parent.pid):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        parent.kill()
+        parent.wait()
+
+
+def test_signal_handler_only_records() -> None:
+    log = SignalLog()
+    with log.installed((signal.SIGUSR2,)):
+        signal.raise_signal(signal.SIGUSR2)
+    assert [s for s, _ in log.received] == [signal.SIGUSR2]
+    assert log.first(signal.SIGUSR2) is not None
+
+
+def test_progress_watch_reads_steps_from_progress_bar_output(tmp_path: Path) -> None:
+    log = tmp_path / "node0.log"
+    log.write_text("Train:   2%|  | 1/40 [00:00]\r{'loss': '6.6', 'global_step/max_steps': '1/40', 'x': '1'}\n")
+    watch = ProgressWatch(log, started=100.0)
+    watch.poll(now=110.0)
+    assert (watch.step, watch.max_steps, watch.first_step_at) == (1, 40, 110.0)
+    with open(log, "a") as out:
+        out.write("{'loss': '6.5', 'global_step/max_steps': '5/40', 'elapsed_time': '1s'}\n{'loss': '6.4', 'glob")
+    watch.poll(now=120.0)
+    assert watch.step == 5 and watch.stalled_for(150.0) == 30.0
+
+
+def test_finished_steps_come_from_the_training_summary(tmp_path: Path) -> None:
+    lines = [
+        {"loss": 6.6, "global_step/max_steps": "27/40"},
+        {"train_runtime": 4.1, "train_loss": 6.5, "global_step/max_steps": "27/40"},
+        {"loss": 6.4, "global_step/max_steps": "40/40"},
+        {"train_runtime": 3.0, "train_loss": 6.3, "global_step/max_steps": "40/40"},
+    ]
+    (tmp_path / "logging.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert finished_steps(tmp_path) == (40, 40)
+    assert finished_steps(tmp_path / "missing") is None
+
+
+def test_an_attempt_that_died_without_a_record_is_reported_once(tmp_path: Path) -> None:
+    assert records.open_attempt(tmp_path, {"attempt": "5"}) is None
+    lost = records.open_attempt(tmp_path, {"attempt": "5.r1"})  # attempt 5 never wrote its line
+    assert lost == {"attempt": "5"}
+    records.append_attempt(tmp_path, {"attempt": "5.r1", "reason": "finished"})
+    assert records.open_attempt(tmp_path, {"attempt": "5.r2"}) is None
+    assert [r["attempt"] for r in records.read_attempts(tmp_path)] == ["5.r1"]
+
+
+def test_torn_last_line_of_attempts_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "attempts.jsonl").write_text('{"attempt": "1"}\n{"attem')
+    assert records.read_attempts(tmp_path) == [{"attempt": "1"}]
+
+
+def test_silent_hosts_are_the_nodes_without_a_result(tmp_path: Path) -> None:
+    records.write_node_result(tmp_path, 0, "node1", 1)
+    records.write_node_result(tmp_path, 2, "node3", 1)
+    assert records.silent_hosts(tmp_path, ("node1", "node2", "node3"), wait_s=0) == ["node2"]
