@@ -129,6 +129,23 @@ class TaskConfig:
 
 
 @dataclass
+class StorageConfig:
+    """Object storage for checkpoints (group ``storage/``: none, s3). See docs/storage.md."""
+
+    kind: str = doc("none", "`none` or `s3`.")
+    bucket: str | None = doc(None, "Bucket name (must exist).")
+    prefix: str | None = doc(None, "Key prefix of this run's checkpoints; null = `swiftslurm/{run_name}`.")
+    endpoint_url: str | None = doc(None, "S3 endpoint for non-AWS stores (MinIO, Ceph RGW, OSS), e.g. `http://s3:8333`.")
+    region: str | None = doc(None, "Region (`AWS_DEFAULT_REGION` otherwise).")
+    addressing_style: str = doc("auto", "`auto`, `path` (MinIO, Ceph, SeaweedFS) or `virtual` (OSS).")
+    keep: int = doc(0, "Committed checkpoints kept remotely (never the newest); 0 keeps all.")
+    part_size_mb: int = doc(16, "Multipart part size, in MiB (8-16 MiB parts survive flaky links; 64 MiB do not).")
+    max_concurrency: int = doc(8, "Parallel parts and files per upload or download.")
+    max_attempts: int = doc(10, "Attempts per S3 request (boto3 retries, exponential back-off).")
+    wait_at_exit_s: float = doc(300.0, "At the end of an attempt, wait at most this long for pending uploads, in s.")
+
+
+@dataclass
 class ResilienceConfig:
     """What happens after an attempt ends (preemption, time limit, failure): see docs/resilience.md."""
 
@@ -168,6 +185,7 @@ class Config:
         0, "Committed checkpoints kept (older ones deleted after each commit; never the newest); 0 keeps all."
     )
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     dry_run: bool = doc(False, "Resolve, validate and print everything; write the run dir; submit nothing.")
     wait: bool = doc(False, "Wait for the job to finish (always true on the local scheduler).")
     swift: dict[str, Any] = doc({}, "Any ms-swift argument, given as `swift.<argument>=<value>`; wins over all.")

@@ -15,6 +15,7 @@ SECTIONS = [
     ("`cluster/`", "cluster.", config.ClusterConfig),
     ("`cluster.nccl`", "cluster.nccl.", config.NcclConfig),
     ("`resilience`", "resilience.", config.ResilienceConfig),
+    ("`storage/`", "storage.", config.StorageConfig),
 ]
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

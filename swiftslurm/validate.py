@@ -45,6 +45,7 @@ def check_choices(cfg: Config) -> None:
     if cfg.task.vllm_mode is not None:
         _choice("task.vllm_mode", cfg.task.vllm_mode, VLLM_MODES)
     _check_launcher_matches_engine(cfg)
+    _check_storage(cfg)
     _check_needs_gpus(cfg)
     _check_vllm(cfg)
     if cfg.cluster.scheduler == "local" and cfg.cluster.nodes != 1:
@@ -72,6 +73,19 @@ def _check_launcher_matches_engine(cfg: Config) -> None:
             f"strategy sets both deepspeed={cfg.strategy.deepspeed} and fsdp={cfg.strategy.fsdp}; "
             "they cannot be combined. HINT: set strategy.fsdp=null or strategy.deepspeed=null."
         )
+
+
+def _check_storage(cfg: Config) -> None:
+    storage = cfg.storage
+    _choice("storage.kind", storage.kind, ("none", "s3"))
+    _choice("storage.addressing_style", storage.addressing_style, ("auto", "path", "virtual"))
+    if storage.kind == "s3" and not storage.bucket:
+        raise ConfigError(
+            "storage=s3 needs a bucket. HINT: add storage.bucket=NAME (and storage.endpoint_url=URL for "
+            "MinIO, Ceph, SeaweedFS or OSS); credentials come from the usual AWS variables or profile."
+        )
+    check_positive("storage.part_size_mb", storage.part_size_mb)
+    check_positive("storage.max_attempts", storage.max_attempts)
 
 
 def _check_needs_gpus(cfg: Config) -> None:

@@ -10,6 +10,7 @@ SLURM job (excluding failed hosts, after a back-off). Other nodes always exit 0:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,7 +22,13 @@ from typing import NoReturn
 from swiftslurm import slurm_cli
 from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node import decide, records
-from swiftslurm.node.checkpoint import ResumePoint, checkpoint_step, newest_committed, prepare_resume
+from swiftslurm.node.checkpoint import (
+    ResumePoint,
+    checkpoint_step,
+    newest_committed,
+    prepare_resume,
+    write_json_atomic,
+)
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.progress import ProgressWatch, finished_steps, tail
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
@@ -33,6 +40,8 @@ from swiftslurm.tiny import build_tiny_assets
 POLL_S = 0.5
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
 SILENT_HOST_WAIT_S = 30.0
+RESUME_FILE = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
+RESUME_WAIT_S = 900.0  # restoring a large checkpoint from object storage can take a while
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ def run_node(run_dir_arg: str) -> NodeResult:
         return stopped
     attempt = attempt_id(where)
     for retry in range(1, 1 << 30):
-        resume = prepare_resume(plan.output_dir, tag=attempt, move=leader)
+        resume = _agree_on_resume(plan, run_dir / "logs" / attempt, leader)
         observed = _train(plan, where, run_dir, attempt, resume)
         result = NodeResult(
             where.node_id,
@@ -111,6 +120,25 @@ def run_node(run_dir_arg: str) -> NodeResult:
         time.sleep(decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
         attempt = f"{attempt_id(where)}.retry{retry}"
     raise AssertionError("unreachable")
+
+
+def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePoint:
+    """The leader picks the resume point (and sets aside what is newer) and publishes it; the other nodes
+    wait for that choice, so every rank loads the same checkpoint even while the leader is still
+    quarantining or restoring."""
+    path = attempt_dir / RESUME_FILE
+    if leader:
+        point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step})
+        return point
+    deadline = time.time() + RESUME_WAIT_S
+    while not path.is_file():
+        if time.time() > deadline:
+            raise NodeError(f"node 0 did not publish {path} within {RESUME_WAIT_S:.0f} s; is node 0 alive?")
+        time.sleep(POLL_S)
+    chosen = json.loads(path.read_text())
+    return ResumePoint(Path(chosen["checkpoint"]) if chosen["checkpoint"] else None, chosen["step"])
 
 
 def _log(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
@@ -147,6 +175,10 @@ def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: 
             watch.poll(now)
             if where.node_id == 0 and not signals.received and _hung(watch, plan, now):
                 hung = True
+                trainer.kill()
+            if signals.received and now - signals.received[0][1] > plan.resilience.signal_lead_s:
+                # The save had its whole lead time; something (e.g. torchrun's exit barrier waiting for a
+                # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
                 trainer.kill()
         return Observed(code, list(signals.received), hung, watch, started)
 

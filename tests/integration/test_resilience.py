@@ -158,3 +158,19 @@ def test_user_error_is_not_retried_and_says_why(tmp_path: Path, slurm_cluster: N
     assert "train.jsonl" in record["why"] or "FileNotFoundError" in record["why"], record["why"]
     assert status(run_dir)["state"] == "failed" and status(run_dir)["why"] == record["why"]
     assert job_state(job) == "FAILED"
+
+
+def test_a_run_without_progress_is_killed_as_hung_and_retried_in_budget(tmp_path: Path, slurm_cluster: None) -> None:
+    run_dir = tmp_path / "run"
+    # ms-swift needs ~15 s to its first step here: a 3 s start-up limit makes every attempt "hang".
+    job = submit(
+        run_dir,
+        "resilience.startup_timeout_s=3",
+        "resilience.max_consecutive_failures=1",
+        "resilience.backoff_base_s=1",
+    )
+    assert wait_for_job(job) == "FAILED"
+    records = attempts(run_dir)
+    assert [(a["reason"], a["decision"]) for a in records] == [("infra", "requeue"), ("infra", "stop")]
+    assert all("no training step" in a["why"] for a in records), [a["why"] for a in records]
+    assert status(run_dir)["state"] == "failed"

@@ -119,6 +119,8 @@ def test_plan_round_trips_through_json() -> None:
         (["strategy.engine=horovod"], "Valid values are: ddp, deepspeed, fsdp, megatron"),
         (["cluster.nodes=2"], "local executor runs on this machine only"),
         (["run_name=a/b"], "single path component"),
+        (["storage=s3"], "storage.bucket=NAME"),
+        (["storage=s3", "storage.bucket=b", "storage.addressing_style=dns"], "Valid values are: auto, path"),
         (["+cluster=local-slurm", "cluster.signal_lead_s=5000"], "signal_lead_s"),
     ],
 )
