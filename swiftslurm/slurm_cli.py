@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -35,10 +34,23 @@ def partitions() -> set[str]:
 
 
 def job_end_time(job_id: str) -> float | None:
-    """When the job's time limit ends (seconds since the epoch), or None if it has no limit."""
-    if os.environ.get("SLURM_JOB_ID") == job_id and os.environ.get("SLURM_JOB_END_TIME", "").isdigit():
-        return float(os.environ["SLURM_JOB_END_TIME"])
-    match = re.search(r"\bEndTime=(\S+)", run(["scontrol", "show", "job", "-o", job_id]))
-    if not match or match.group(1) in ("Unknown", "None"):
+    """When this attempt's time limit ends: StartTime + TimeLimit, in seconds since the epoch, or None
+    without a limit. Not scontrol's EndTime: a preemption moves that to the end of the grace time, which
+    would make every preemption look like a time-out."""
+    fields = dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
+    start, limit = fields.get("StartTime", "Unknown"), limit_seconds(fields.get("TimeLimit", "UNLIMITED"))
+    if start in ("Unknown", "None") or limit is None:
         return None
-    return datetime.fromisoformat(match.group(1)).timestamp()  # scontrol prints local time
+    return datetime.fromisoformat(start).timestamp() + limit  # scontrol prints local time
+
+
+def limit_seconds(text: str) -> int | None:
+    """SLURM's TimeLimit as printed by scontrol ([D-]HH:MM:SS, MM:SS, UNLIMITED) in seconds."""
+    if text in ("UNLIMITED", "Partition_Limit", "NONE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
