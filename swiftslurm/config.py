@@ -135,7 +135,9 @@ class StorageConfig:
     kind: str = doc("none", "`none` or `s3`.")
     bucket: str | None = doc(None, "Bucket name (must exist).")
     prefix: str | None = doc(None, "Key prefix of this run's checkpoints; null = `swiftslurm/{run_name}`.")
-    endpoint_url: str | None = doc(None, "S3 endpoint for non-AWS stores (MinIO, Ceph RGW, OSS), e.g. `http://s3:8333`.")
+    endpoint_url: str | None = doc(
+        None, "S3 endpoint for non-AWS stores (MinIO, Ceph RGW, OSS), e.g. `http://s3:8333`."
+    )
     region: str | None = doc(None, "Region (`AWS_DEFAULT_REGION` otherwise).")
     addressing_style: str = doc("auto", "`auto`, `path` (MinIO, Ceph, SeaweedFS) or `virtual` (OSS).")
     keep: int = doc(0, "Committed checkpoints kept remotely (never the newest); 0 keeps all.")
