@@ -1,0 +1,135 @@
+"""Checkpoint upload through a hostile network: a real SeaweedFS behind a proxy that resets 20% of requests,
+stalls some past the client's timeout and answers bursts of 503 Slow Down, while "training" keeps committing.
+
+What must hold: at every moment sampled, each remote checkpoint that has a manifest is complete; in the end
+every checkpoint is uploaded, `drain` reports nothing pending, and a download (through the same proxy)
+gives back the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swiftslurm.node.checkpoint import MANIFEST, commit, problems, read_manifest
+from swiftslurm.node.sync import CheckpointStore, StorageSpec, Uploader
+from tests.s3server import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, SeaweedServer, serve_for_tests
+
+pytestmark = pytest.mark.slow
+
+MiB = 1 << 20
+BUCKET = "swiftslurm-faults"
+STEPS = (100, 200, 300, 400, 500)
+SEED = int(os.environ.get("SWIFTSLURM_FAULT_SEED", "7"))  # another seed, another sequence of faults
+HOSTILE = Faults(reset_rate=0.2, stall_rate=0.03, stall_s=6.0, error_rate=0.02, error_burst=4, seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
+    yield from serve_for_tests(request, BUCKET)
+
+
+@pytest.fixture
+def proxy(s3_server: SeaweedServer) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server.endpoint_url, HOSTILE, host=s3_server.host, lifetime_s=300) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+
+
+def write_checkpoint(output_dir: Path, step: int, rng: random.Random) -> Path:
+    """checkpoint-N shaped like a small model's: a few 20-40 MiB files and many small ones, committed."""
+    folder = output_dir / f"checkpoint-{step}"
+    (folder / "global_step").mkdir(parents=True)
+    for name in ("model-00001.safetensors", "global_step/optim_states.pt"):
+        (folder / name).write_bytes(rng.randbytes(rng.randrange(20 * MiB, 40 * MiB)))
+    for i in range(40):
+        (folder / f"meta_{i}.json").write_bytes(rng.randbytes(rng.randrange(0, 8192)))
+    commit(folder, world_size=1, swift_version="test")
+    return folder
+
+
+def published_and_incomplete(client: Any, root: str) -> tuple[set[str], list[str]]:
+    """The manifests visible now, and the files they list that are missing or of another size."""
+    listing = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=root)
+    sizes = {item["Key"]: item["Size"] for page in listing for item in page.get("Contents", [])}
+    published = {key for key in sizes if key.endswith("/" + MANIFEST)}
+    broken = []
+    for key in published:
+        folder = key[: -len(MANIFEST)]
+        manifest = json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        broken += [folder + f["path"] for f in manifest["files"] if sizes.get(folder + f["path"]) != f["size"]]
+    return published, broken
+
+
+class Sampler(threading.Thread):
+    """Checks the remote invariant every ~0.1 s, straight to the server (not through the faults)."""
+
+    def __init__(self, client: Any, root: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.root = client, root
+        self.samples = 0
+        self.seen_published: set[str] = set()
+        self.violations: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            published, broken = published_and_incomplete(self.client, self.root)
+            self.seen_published |= published
+            self.violations += broken
+            self.samples += 1
+            self.stop.wait(0.1)
+
+
+def test_uploads_survive_resets_stalls_and_throttling(
+    s3_server: SeaweedServer, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    spec = StorageSpec(
+        bucket=BUCKET,
+        prefix="runs/hostile",
+        endpoint_url=proxy.url,
+        region="us-east-1",
+        addressing_style="path",
+        part_size_mb=8,
+        max_attempts=10,
+        timeout_s=4,  # a stalled request (6 s) times out and is retried
+    )
+    store = CheckpointStore(spec)
+    sampler = Sampler(s3_server.client(), spec.root)
+    sampler.start()
+    uploader = Uploader(store)
+    rng = random.Random(1)
+    started = time.monotonic()
+    for step in STEPS:  # "training": commits keep coming while earlier ones upload
+        uploader.submit(write_checkpoint(tmp_path / "output", step, rng))
+        time.sleep(0.5)
+    not_uploaded = uploader.drain(timeout_s=240)
+    took = time.monotonic() - started
+    sampler.stop.set()
+    sampler.join()
+
+    assert not_uploaded == []
+    assert store.committed_steps() == list(STEPS)
+    assert sampler.violations == []
+    assert len(sampler.seen_published) >= len(STEPS) - 1  # it watched them appear (the last may beat it)
+    assert published_and_incomplete(s3_server.client(), spec.root) == ({store.key(s, MANIFEST) for s in STEPS}, [])
+    assert proxy.injected["reset"] > 10 and proxy.injected["503"] > 0 and proxy.injected["stall"] > 0, proxy.injected
+    restored = store.download(STEPS[-1], tmp_path / "restored")
+    assert problems(restored, deep=True) == []
+    assert read_manifest(restored) == read_manifest(tmp_path / "output" / f"checkpoint-{STEPS[-1]}")
+    print(f"\n{len(STEPS)} checkpoints uploaded in {took:.1f} s, faults {dict(proxy.injected)} (seed {SEED})")
