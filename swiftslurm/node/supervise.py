@@ -27,12 +27,13 @@ from swiftslurm.node.checkpoint import (
     checkpoint_step,
     newest_committed,
     prepare_resume,
+    read_manifest,
     write_json_atomic,
 )
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.progress import ProgressWatch, finished_steps, tail
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
+from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlist, rank_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.tiny import build_tiny_assets
@@ -116,7 +117,7 @@ def run_node(run_dir_arg: str) -> NodeResult:
         if decision.action is not decide.Action.REQUEUE:
             return result
         if where.in_slurm:
-            _requeue(where, decision)
+            _requeue(where, plan, decision)
         time.sleep(decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
         attempt = f"{attempt_id(where)}.retry{retry}"
     raise AssertionError("unreachable")
@@ -167,9 +168,14 @@ def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: 
         while (code := trainer.poll()) is None:
             time.sleep(POLL_S)
             now = time.time()
-            if signals.received and now - forwarded_at >= REFORWARD_S:
+            if (
+                signals.received
+                and now - forwarded_at >= REFORWARD_S
+                and not _saved_since(plan, signals.received[0][1])
+            ):
                 # Whatever stop signal came (USR2 from SLURM, TERM from scancel), the workers get USR2: it
                 # makes them save and exit, and torchrun ignores it (TERM would make it SIGKILL them 30 s on).
+                # Re-sent until a checkpoint is committed: a worker may not have had its handler yet.
                 trainer.signal_all(SAVE_SIGNAL)
                 forwarded_at = now
             watch.poll(now)
@@ -181,6 +187,13 @@ def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: 
                 # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
                 trainer.kill()
         return Observed(code, list(signals.received), hung, watch, started)
+
+
+def _saved_since(plan: JobPlan, since: float) -> bool:
+    """Whether a checkpoint was committed after ``since`` (the save the stop signal asked for)."""
+    newest, _ = newest_committed(plan.output_dir)
+    manifest = read_manifest(newest) if newest else None
+    return bool(manifest and manifest.get("committed_at", 0) >= since)
 
 
 def _hung(watch: ProgressWatch, plan: JobPlan, now: float) -> bool:
@@ -348,7 +361,7 @@ def _close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeRe
     return NodeResult(0, socket.gethostname(), 1, "", None, decision.action.value, decision.why)
 
 
-def _requeue(where: SlurmEnv, decision: decide.Decision) -> NoReturn:
+def _requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoReturn:
     """Requeue this job (same id); exclusions and back-off are set on it once it is pending again."""
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -356,7 +369,9 @@ def _requeue(where: SlurmEnv, decision: decide.Decision) -> NoReturn:
     slurm_cli.run(["scontrol", "requeue", job])
     updates = []
     if decision.exclude_hosts:
-        updates.append(f"ExcNodeList={','.join(decision.exclude_hosts)}")
+        # ExcNodeList replaces the job's list: keep the hosts the cluster config excluded too.
+        configured = expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+        updates.append(f"ExcNodeList={','.join(sorted({*configured, *decision.exclude_hosts}))}")
     if decision.delay_s > 0:
         updates.append(f"StartTime=now+{int(decision.delay_s)}")
     if updates:
