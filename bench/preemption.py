@@ -12,16 +12,18 @@ preemption), waits for the requeued job to complete, and reads the run directory
       a2  -> checkpoint committed  manifest `committed_at` (swiftslurm: barrier, checksums, manifest)
       b1  -> trainer exited        mtime of logs/ATTEMPT/node0.json (ms-swift and torchrun shut down)
       b2  -> requeued              attempt record `end`, written just before `scontrol requeue` (swiftslurm)
-      c1  -> job started again     sacct Start of the new run of the job (SLURM; whole seconds)
-      c2  -> wrapper up            submitit's "Starting with JobEnvironment" (batch script, srun, Python)
+      c1  -> old run ended         slurmctld.log "Requeuing JobId=N": the wrapper waits to be KILLed (KillWait)
+      c2  -> job allocated again   slurmctld.log "Allocate JobId=N" or backfill's "Started JobId=N" (requeue delay)
+      c3  -> wrapper up            submitit's "Starting with JobEnvironment" (batch script, srun, Python)
       w   -> `swift` launched      next attempt record `start` (swiftslurm: imports, plan, resume point)
       d   -> ms-swift main         "Start time of running main" in node0.log (imports, torchrun, model)
       e   -> first resumed step    next attempt record `first_step_at` (data, trainer, checkpoint load)
 
 The baseline starts the same `swift sft` command (same checkpoint, same two nodes, through plain
 `srun`, without swiftslurm's wrapper) and times process start -> first step in its output, polled as
-often as the wrapper polls (0.5 s); its ratio to the resumed attempt's d + e is what swiftslurm's launch
-adds. Prints markdown tables of min / median / max over the repeats.
+often as the wrapper polls (0.5 s), split at ms-swift's main into d and e like the resumed attempt; the
+ratio of the two is what launching under swiftslurm adds. Prints markdown tables of min / median / max
+over the repeats.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
@@ -52,19 +56,24 @@ MAX_STEPS = 200
 SIGNAL_AT_STEP = 30
 POLL_S = 0.5  # as the wrapper's ProgressWatch polls (swiftslurm.node.supervise.POLL_S)
 JOB_TIMEOUT_S = 900.0
+ENDED_CHECK_S = 2.0  # how often to ask whether a run ended early (sacct is slow)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
 _SWIFT_MAIN = re.compile(r"Start time of running main: (\S+ \S+)")
 _SUBMITIT_START = re.compile(r"submitit INFO \((\S+ \S+)\) - Starting with JobEnvironment")
 _BASELINE_START = re.compile(r"\[bench\] start (\d+) ([\d.]+)")
+_CTLD_LINE = r"^\[(\S+)\] (?:\S+ )*?(?:{what}) JobId={job}\b"
+_CTLD_REQUEUED = "Requeuing"
+_CTLD_ALLOCATED = "sched: Allocate|_start_job: Started"  # main scheduler | backfill
 
 PHASES = (
     ("a1", "USR2 -> checkpoint written (ms-swift saves)"),
     ("a2", "-> checkpoint committed (swiftslurm manifest)"),
     ("b1", "-> trainer exited (ms-swift, torchrun shut down)"),
     ("b2", "-> requeued (swiftslurm decides, `scontrol requeue`)"),
-    ("c1", "-> job running again (SLURM requeue delay)"),
-    ("c2", "-> wrapper Python up (batch script, srun, submitit)"),
+    ("c1", "-> old run ended (wrapper held until KILL: KillWait)"),
+    ("c2", "-> job allocated again (SLURM requeue delay)"),
+    ("c3", "-> wrapper Python up (batch script, srun, submitit)"),
     ("w", "-> `swift` launched (swiftslurm start-up)"),
     ("d", "-> ms-swift main (imports, torchrun, model load)"),
     ("e", "-> first resumed step (data, trainer, checkpoint load)"),
@@ -72,20 +81,20 @@ PHASES = (
 SUMS = (
     ("a", "save: USR2 -> committed", ("a1", "a2")),
     ("b", "commit -> requeue", ("b1", "b2")),
-    ("c", "requeue -> wrapper up (SLURM)", ("c1", "c2")),
+    ("c", "requeue -> wrapper up (SLURM)", ("c1", "c2", "c3")),
     ("total", "USR2 -> first resumed step", tuple(key for key, _ in PHASES)),
-    ("a+b", "swiftslurm share as asked: save + requeue", ("a1", "a2", "b1", "b2")),
+    ("a+b", "USR2 -> requeued", ("a1", "a2", "b1", "b2")),
     ("own", "swiftslurm's own work: a2 + b2 + w", ("a2", "b2", "w")),
+    ("own+c1", "the same plus holding the old run until KILL", ("a2", "b2", "c1", "w")),
 )
 
 
 @dataclass(frozen=True)
 class Repeat:
-    """One preempted-and-resumed run: seconds per phase, and the baseline's start -> first step."""
+    """One preempted-and-resumed run: seconds per phase, and the baseline's d and e."""
 
     phases: dict[str, float]
-    resumed_launch_s: float  # d + e: `swift` launched -> first resumed step, under the wrapper
-    plain_launch_s: float  # the same command without swiftslurm
+    plain: dict[str, float] | None  # the same command without swiftslurm: "d" (start -> main), "e" (-> step)
     stopped_at: int  # the step the signal saved
     job_id: str
 
@@ -123,14 +132,19 @@ def newest_step(log: Path) -> int:
     return int(steps[-1][0]) if steps else 0
 
 
-def wait_for_step(log: Path, step: int, timeout_s: float = JOB_TIMEOUT_S, poll_s: float = 0.1) -> float:
-    """Wait until ``log`` shows a training step >= ``step``; return when it was seen."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_step(log: Path, step: int, ended: Callable[[], bool], poll_s: float = 0.1) -> float:
+    """Wait until ``log`` shows a training step >= ``step``; return when it was seen. ``ended()`` true means
+    the step will never come (on this shared cluster other jobs preempt or kill ours now and then)."""
+    deadline, checked = time.monotonic() + JOB_TIMEOUT_S, 0.0
     while time.monotonic() < deadline:
         if newest_step(log) >= step:
             return time.time()
+        if time.monotonic() - checked > ENDED_CHECK_S:
+            if ended():
+                raise RuntimeError(f"{log}: the run ended before step {step} (stopped by something else?)")
+            checked = time.monotonic()
         time.sleep(poll_s)
-    raise RuntimeError(f"{log} showed no step >= {step} within {timeout_s:.0f} s")
+    raise RuntimeError(f"{log} showed no step >= {step} within {JOB_TIMEOUT_S:.0f} s")
 
 
 def local_time(text: str, fmt: str | None = None) -> float:
@@ -157,10 +171,27 @@ def submitit_start(run_dir: Path, job_id: str) -> float:
     return local_time(line[1], "%Y-%m-%d %H:%M:%S,%f")
 
 
-def slurm_start(job_id: str) -> float:
-    """Start of the job's newest run (sacct lists one row per run with --duplicates)."""
-    rows = sh(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start"]).split()
-    return local_time(rows[-1])
+def slurmctld_log() -> Path:
+    config = sh(["scontrol", "show", "config"])
+    match = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", config, re.MULTILINE)
+    if not match or not Path(match[1]).is_file():
+        raise RuntimeError("slurmctld's log file is not readable here (needed for the requeue timestamps)")
+    return Path(match[1])
+
+
+def slurmctld_times(job_id: str, what: str) -> list[float]:
+    """When slurmctld logged ``what`` (a regex alternative) for the job, in order (millisecond stamps)."""
+    pattern = re.compile(_CTLD_LINE.format(what=what, job=job_id), re.MULTILINE)
+    return [local_time(m[1]) for m in pattern.finditer(slurmctld_log().read_text(errors="replace"))]
+
+
+def requeue_marks(job_id: str) -> tuple[float, float]:
+    """(the requeued run ended, the job was allocated nodes again)."""
+    requeued = slurmctld_times(job_id, _CTLD_REQUEUED)
+    allocated = [t for t in slurmctld_times(job_id, _CTLD_ALLOCATED) if requeued and t > requeued[-1]]
+    if not allocated:
+        raise RuntimeError(f"slurmctld's log shows no requeue of job {job_id} followed by a new allocation")
+    return requeued[-1], allocated[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,10 +209,19 @@ def submit(run_dir: Path) -> str:
     return match.group(1)
 
 
+def ended_early(run_dir: Path, job_id: str) -> bool:
+    """Other jobs may preempt this one first (then a record appears) or kill its node (the job fails)."""
+    return (run_dir / "attempts.jsonl").exists() or job_state(job_id) in TERMINAL
+
+
 def preempt_and_finish(run_dir: Path) -> str:
     """Submit, send USR2 once training is under way, wait for the requeued job to complete."""
     job_id = submit(run_dir)
-    wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP)
+    try:
+        wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP, lambda: ended_early(run_dir, job_id))
+    except RuntimeError:
+        subprocess.run(["scancel", job_id], check=False)  # a spoilt repeat must not hold the cluster
+        raise
     sh(["scancel", "--signal=USR2", job_id])
     state = wait_for_state(job_id)
     if state != "COMPLETED":
@@ -189,7 +229,7 @@ def preempt_and_finish(run_dir: Path) -> str:
     return job_id
 
 
-def two_attempts(run_dir: Path) -> tuple[dict, dict]:
+def two_attempts(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The preempted attempt and the one that resumed; anything else (another test's preemption of
     this job, a failure) makes the repeat unusable."""
     records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
@@ -210,7 +250,7 @@ def phases(run_dir: Path, job_id: str) -> tuple[dict[str, float], int]:
         json.loads((checkpoint / MANIFEST).read_text())["committed_at"],
         (run_dir / "logs" / stopped["attempt"] / "node0.json").stat().st_mtime,
         stopped["end"],
-        slurm_start(job_id),
+        *requeue_marks(job_id),
         submitit_start(run_dir, job_id),
         resumed["start"],
         local_time(last_match(_SWIFT_MAIN, node0_log)[1]),
@@ -263,16 +303,17 @@ def srun_argv(plan: JobPlan, out_dir: Path) -> list[str]:
     ]
 
 
-def plain_launch(run_dir: Path, checkpoint: str) -> float:
-    """Seconds from the plain command's start on node 0 to the first step in its output."""
+def plain_launch(run_dir: Path, checkpoint: str) -> dict[str, float]:
+    """The plain command on node 0: start -> ms-swift main (d) -> first step in its output (e)."""
     plan = JobPlan.load(run_dir / "plan.json")
     out_dir = run_dir.parent / f"{run_dir.name}-plain"
     out_dir.mkdir()
     log = out_dir / "node0.log"
     argv = [*srun_argv(plan, out_dir), *baseline_argv(plan, checkpoint, out_dir / "output")]
-    srun = subprocess.Popen(argv, env={**os.environ, **baseline_env(plan)}, cwd=out_dir)
+    with open(out_dir / "srun.err", "wb") as srun_err:  # srun's own notes when the job is cancelled
+        srun = subprocess.Popen(argv, env={**os.environ, **baseline_env(plan)}, cwd=out_dir, stderr=srun_err)
     try:
-        seen = wait_for_step(log, 1, poll_s=POLL_S)
+        first_step = wait_for_step(log, 1, lambda: srun.poll() is not None, poll_s=POLL_S)
     finally:
         started = _BASELINE_START.search(log.read_text(errors="replace")) if log.is_file() else None
         if started:
@@ -280,7 +321,8 @@ def plain_launch(run_dir: Path, checkpoint: str) -> float:
         srun.wait(timeout=120)
     if not started:
         raise RuntimeError(f"{log} has no start line")
-    return seen - float(started[2])
+    main_at = local_time(last_match(_SWIFT_MAIN, log)[1])
+    return {"d": main_at - float(started[2]), "e": first_step - main_at}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,15 +336,18 @@ def one_repeat(run_root: Path) -> Repeat:
     job_id = preempt_and_finish(run_dir)
     spans, stopped_at = phases(run_dir, job_id)
     _, resumed = two_attempts(run_dir)
-    plain = plain_launch(run_dir, resumed["resumed_from"])
-    return Repeat(spans, spans["d"] + spans["e"], plain, stopped_at, job_id)
+    try:
+        plain = plain_launch(run_dir, resumed["resumed_from"])
+    except (RuntimeError, subprocess.SubprocessError) as err:  # the preemption figures stand on their own
+        print(f"baseline of {run_dir}: unusable: {err}", flush=True)
+        plain = None
+    return Repeat(spans, plain, stopped_at, job_id)
 
 
 def describe(run: Repeat) -> str:
     spans = " ".join(f"{key}={value:.2f}" for key, value in run.phases.items())
-    return (
-        f"job {run.job_id}: stopped at step {run.stopped_at}; {spans}; "
-        f"resumed launch {run.resumed_launch_s:.2f} s, plain {run.plain_launch_s:.2f} s"
+    return f"job {run.job_id}: stopped at step {run.stopped_at}; {spans}; " + (
+        f"plain d={run.plain['d']:.2f} e={run.plain['e']:.2f}" if run.plain else "no baseline"
     )
 
 
@@ -322,22 +367,35 @@ def phase_table(runs: list[Repeat]) -> str:
 
 
 def baseline_table(runs: list[Repeat]) -> str:
-    resumed = [r.resumed_launch_s for r in runs]
-    plain = [r.plain_launch_s for r in runs]
-    with_wrapper = [r.phases["w"] + r.resumed_launch_s for r in runs]
-    ratio = statistics.median(resumed) / statistics.median(plain)
-    ratio_wrapper = statistics.median(with_wrapper) / statistics.median(plain)
-    return "\n".join(
-        [
-            "| start -> first step after resume | min s | median s | max s |",
-            "| --- | ---: | ---: | ---: |",
-            stats_row("plain `swift sft` via srun: process start", values=plain),
-            stats_row("swiftslurm: `swift` launched (d + e)", values=resumed),
-            stats_row("swiftslurm: wrapper up (w + d + e)", values=with_wrapper),
-            "",
-            f"ratio of medians, swiftslurm / plain: {ratio:.2f} (launch), {ratio_wrapper:.2f} (with wrapper start-up)",
-        ]
-    )
+    """The resumed attempt's launch (d, e) next to the same command's without swiftslurm, over the repeats
+    whose baseline ran."""
+    paired = [(r.phases, r.plain) for r in runs if r.plain is not None]
+    if not paired:
+        return "no baseline ran to the first step"
+    lines = [
+        f"{len(paired)} repeat(s) with a baseline, seconds: median (min-max)",
+        "",
+        "| `swift sft` resuming, 2 nodes | start -> ms-swift main (d) | -> first step (e) | d + e | w + d + e |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    rows = {
+        "plain, via srun": [(plain["d"], plain["e"], 0.0) for _, plain in paired],
+        "under swiftslurm": [(ours["d"], ours["e"], ours["w"]) for ours, _ in paired],
+    }
+    medians = {}
+    for name, values in rows.items():
+        columns = [[d for d, _, _ in values], [e for _, e, _ in values], [d + e for d, e, _ in values]]
+        columns.append([w + d + e for d, e, w in values])
+        medians[name] = [statistics.median(c) for c in columns]
+        lines.append(f"| {name} | " + " | ".join(spread(c) for c in columns) + " |")
+    ratios = [ours / plain for ours, plain in zip(medians["under swiftslurm"], medians["plain, via srun"], strict=True)]
+    lines.append("| ratio of medians | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
+    return "\n".join(lines)
+
+
+def spread(values: list[float]) -> str:
+    """'median (min-max)' in seconds."""
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
 def run_repeats(run_root: Path, repeats: int) -> list[Repeat]:
@@ -345,7 +403,7 @@ def run_repeats(run_root: Path, repeats: int) -> list[Repeat]:
     for index in range(repeats):
         try:
             run = one_repeat(run_root)
-        except (RuntimeError, subprocess.CalledProcessError) as err:
+        except (RuntimeError, subprocess.SubprocessError) as err:
             print(f"repeat {index}: unusable: {err}", flush=True)
             continue
         print(f"repeat {index}: {describe(run)}", flush=True)
