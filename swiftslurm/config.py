@@ -130,7 +130,8 @@ class TaskConfig:
 
 @dataclass
 class StorageConfig:
-    """Object storage for checkpoints (group ``storage/``: none, s3). See docs/storage.md."""
+    """Object storage for checkpoints (group ``storage/``: none, s3). Validated and planned; the node wrapper
+    does not upload or restore yet (swiftslurm/node/sync.py has the store, uploader and CLI)."""
 
     kind: str = doc("none", "`none` or `s3`.")
     bucket: str | None = doc(None, "Bucket name (must exist).")
