@@ -130,7 +130,7 @@ class TaskConfig:
 
 @dataclass
 class StorageConfig:
-    """Object storage for checkpoints (group ``storage/``: none, s3). Validated and planned; the node wrapper
+    """Object storage for checkpoints (group ``storage/``: none, s3). Validated, but not yet in the plan: the wrapper
     does not upload or restore yet (swiftslurm/node/sync.py has the store, uploader and CLI)."""
 
     kind: str = doc("none", "`none` or `s3`.")
