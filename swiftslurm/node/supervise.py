@@ -40,7 +40,9 @@ from swiftslurm.tiny import build_tiny_assets
 
 POLL_S = 0.5
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
-SILENT_HOST_WAIT_S = 30.0
+# Healthy nodes write their result as soon as their trainer exits; this must stay well under SLURM's own
+# reaction to a dead node (SlurmdTimeout + KillWait), or the leader is killed before it names the host.
+SILENT_HOST_WAIT_S = 10.0
 RESUME_FILE = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 RESUME_WAIT_S = 900.0  # restoring a large checkpoint from object storage can take a while
 
@@ -366,7 +368,11 @@ def _requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRet
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     job = str(where.job_id)
-    slurm_cli.run(["scontrol", "requeue", job])
+    try:
+        slurm_cli.run(["scontrol", "requeue", job])
+    except SwiftSlurmError as err:
+        if "pending" not in str(err).lower():  # SLURM requeued it already (node failure): carry on
+            raise
     updates = []
     if decision.exclude_hosts:
         # ExcNodeList replaces the job's list: keep the hosts the cluster config excluded too.
