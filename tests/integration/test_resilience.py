@@ -138,11 +138,11 @@ def test_run_longer_than_its_time_limit_finishes_over_several_attempts(tmp_path:
     run_dir = tmp_path / "run"
     # SLURM may send the --signal up to 60 s earlier than asked: a 3 min limit with a 30 s lead leaves every
     # attempt at least ~60 s of training after a ~20 s start-up.
-    job = submit(run_dir, "cluster.time=3", "cluster.signal_lead_s=30", "swift.max_steps=1000", "swift.save_steps=100")
+    job = submit(run_dir, "cluster.time=3", "cluster.signal_lead_s=30", "swift.max_steps=2500", "swift.save_steps=250")
     assert wait_for_job(job, timeout_s=900) == "COMPLETED"
     reasons = [a["reason"] for a in attempts(run_dir)]
     assert reasons[0] == "timed_out" and reasons[-1] == "finished", reasons
-    assert (run_dir / "output" / "checkpoint-1000" / "adapter_model.safetensors").is_file()
+    assert (run_dir / "output" / "checkpoint-2500" / "adapter_model.safetensors").is_file()
 
 
 def test_user_error_is_not_retried_and_says_why(tmp_path: Path, slurm_cluster: None) -> None:
