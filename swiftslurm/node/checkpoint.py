@@ -54,7 +54,8 @@ def _files(checkpoint: Path) -> list[Path]:
     return sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.is_symlink() and p.name != MANIFEST)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so a rename or new file in it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -70,7 +71,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def commit(checkpoint: Path, world_size: int, swift_version: str) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def commit(checkpoint: Path, world_size: int, swift_version: str) -> dict[str, A
         for p in _files(checkpoint)
     ]
     for folder in {p.parent for p in _files(checkpoint)} | {checkpoint}:
-        _fsync_dir(folder)
+        fsync_dir(folder)
     manifest = {
         "format": 1,
         "step": step,

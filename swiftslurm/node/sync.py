@@ -32,6 +32,7 @@ from swiftslurm.node.checkpoint import (
     MANIFEST,
     QUARANTINE,
     checkpoint_step,
+    fsync_dir,
     is_committed,
     problems,
     read_manifest,
@@ -230,14 +231,6 @@ def summary(verb: str, step: int, files: int, size: int, seconds: float) -> str:
         f"[swiftslurm] {verb} checkpoint-{step}: {files} files, {size / MiB:.1f} MiB in {seconds:.1f} s "
         f"({rate:.1f} MiB/s)"
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CheckpointStore:
@@ -471,7 +464,7 @@ class CheckpointStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        _fsync_dir(output_dir)
+        fsync_dir(output_dir)
         size = sum(e["size"] for e in manifest["files"])
         log.info(summary("downloaded", step, len(manifest["files"]), size, time.monotonic() - started))
         return target
