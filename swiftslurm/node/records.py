@@ -37,7 +37,7 @@ def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def write_status(run_dir: Path, state: str, **facts: Any) -> None:
-    """state: running | requeued | finished | failed | stopped | cancelled."""
+    """state: running | requeued | finished | failed | cancelled."""
     write_json_atomic(run_dir / STATUS, {"state": state, "updated": round(time.time(), 3), **facts})
 
 
