@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.sync import CheckpointStore, MiB, StorageError, StorageSpec, newest_remote_step
+from swiftslurm.node.store import CheckpointStore, MiB, newest_remote_step
+from swiftslurm.storage_spec import StorageError, StorageSpec
 
 
 def _plan_storage(run_dir: Path) -> dict[str, Any]:

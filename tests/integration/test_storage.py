@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from swiftslurm.node.checkpoint import MANIFEST, commit, problems, read_manifest
-from swiftslurm.node.sync import CheckpointStore, StorageSpec, Uploader
+from swiftslurm.node.store import CheckpointStore
+from swiftslurm.node.uploader import Uploader
+from swiftslurm.storage_spec import StorageSpec
 from tests.s3server import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, SeaweedServer, serve_for_tests
 
 pytestmark = pytest.mark.slow
