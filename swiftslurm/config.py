@@ -130,8 +130,9 @@ class TaskConfig:
 
 @dataclass
 class StorageConfig:
-    """Object storage for checkpoints (group ``storage/``: none, s3). Validated, but not yet in the plan: the wrapper
-    does not upload or restore yet (swiftslurm/node/sync.py has the store, uploader and CLI)."""
+    """Object storage for checkpoints (group ``storage/``: none, s3): node 0 uploads every committed checkpoint in
+    the background and restores the newest remote one when the run dir has none or an older one (docs/storage.md).
+    Credentials come from boto3's chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance role)."""
 
     kind: str = doc("none", "`none` or `s3`.")
     bucket: str | None = doc(None, "Bucket name (must exist).")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from swiftslurm import tiny, validate
 from swiftslurm.errors import ConfigError
+from swiftslurm.storage_spec import StorageSpec
 
 if TYPE_CHECKING:
     from swiftslurm.config import Config
@@ -129,6 +130,7 @@ class JobPlan:
     tiny_cache: str | None = None  # where swiftslurm.tiny builds the local model/dataset this run uses
     keep_checkpoints: int = 0  # committed checkpoints kept; 0 = all
     resilience: Resilience = field(default_factory=Resilience)
+    storage: StorageSpec | None = None  # where committed checkpoints are uploaded; never credentials
     version: int = PLAN_VERSION
 
     @property
@@ -229,6 +231,28 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg) else None,
         keep_checkpoints=cfg.keep_checkpoints,
         resilience=Resilience(**vars(cfg.resilience), signal_lead_s=cfg.cluster.signal_lead_s),
+        storage=_storage(cfg, run_name),
+    )
+
+
+def _storage(cfg: Config, run_name: str) -> StorageSpec | None:
+    """The object store of this run; its prefix follows the run name, not the run dir, so a resubmission
+    of the same run on another cluster (another run dir) finds its checkpoints."""
+    s = cfg.storage
+    if s.kind == "none":
+        return None
+    assert s.bucket is not None  # validate._check_storage
+    return StorageSpec(
+        bucket=s.bucket,
+        prefix=s.prefix if s.prefix is not None else f"swiftslurm/{run_name}",
+        endpoint_url=s.endpoint_url,
+        region=s.region,
+        addressing_style=s.addressing_style,
+        keep=s.keep,
+        part_size_mb=s.part_size_mb,
+        max_attempts=s.max_attempts,
+        max_concurrency=s.max_concurrency,
+        wait_at_exit_s=s.wait_at_exit_s,
     )
 
 

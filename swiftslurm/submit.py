@@ -112,11 +112,20 @@ def check_cluster(plan: JobPlan) -> None:
         )
 
 
+def check_storage(plan: JobPlan) -> None:
+    """The bucket exists and this shell's credentials reach it (the nodes get the same environment)."""
+    if plan.storage is not None:
+        from swiftslurm.node.store import CheckpointStore
+
+        CheckpointStore(plan.storage).check_access()
+
+
 def submit(plan: JobPlan) -> submitit.Job[Any]:
     """Submit the prepared run directory; the job runs swiftslurm.node on every node."""
     from swiftslurm.node.supervise import submitit_entry
 
     check_cluster(plan)
+    check_storage(plan)
     executor = make_executor(plan)
     try:
         return executor.submit(submitit_entry, plan.run_dir)

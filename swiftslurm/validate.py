@@ -46,6 +46,7 @@ def check_choices(cfg: Config) -> None:
         _choice("task.vllm_mode", cfg.task.vllm_mode, VLLM_MODES)
     _check_launcher_matches_engine(cfg)
     _check_storage(cfg)
+    _check_no_secrets(cfg.cluster.env)
     _check_needs_gpus(cfg)
     _check_vllm(cfg)
     if cfg.cluster.scheduler == "local" and cfg.cluster.nodes != 1:
@@ -86,6 +87,23 @@ def _check_storage(cfg: Config) -> None:
         )
     check_positive("storage.part_size_mb", storage.part_size_mb)
     check_positive("storage.max_attempts", storage.max_attempts)
+    check_positive("storage.max_concurrency", storage.max_concurrency)
+    if storage.keep < 0:
+        raise ConfigError(f"storage.keep={storage.keep}: keep the newest K remote checkpoints (0 keeps all).")
+
+
+# Values of these would be written into plan.json and job.sbatch in clear text.
+SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE)
+
+
+def _check_no_secrets(env: dict[str, Any]) -> None:
+    secrets = sorted(name for name in env if SECRET_ENV.search(name))
+    if secrets:
+        raise ConfigError(
+            f"cluster.env sets {', '.join(secrets)}: plan.json and job.sbatch would hold them in clear text. "
+            "HINT: export credentials in the shell you submit from (SLURM passes the environment on) or use "
+            "AWS_PROFILE / an instance role; never put them in the config."
+        )
 
 
 def _check_needs_gpus(cfg: Config) -> None:

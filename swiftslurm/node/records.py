@@ -41,6 +41,12 @@ def write_status(run_dir: Path, state: str, **facts: Any) -> None:
     write_json_atomic(run_dir / STATUS, {"state": state, "updated": round(time.time(), 3), **facts})
 
 
+def update_status(run_dir: Path, **facts: Any) -> None:
+    """Add facts to the current status (the state stays as it is)."""
+    current = read_status(run_dir) or {"state": "running"}
+    write_json_atomic(run_dir / STATUS, {**current, "updated": round(time.time(), 3), **facts})
+
+
 def read_status(run_dir: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((run_dir / STATUS).read_text())

@@ -192,6 +192,12 @@ class CheckpointStore:
     def key(self, step: int, path: str = "") -> str:
         return f"{self.spec.root}checkpoint-{step}/{path}"
 
+    def check_access(self) -> None:
+        """Fail now, with the fix, when the bucket is missing or the credentials do not work: before a job is
+        submitted rather than after hours in the queue. Lists at most one key: read access is the cheap proof."""
+        with _explained(self.spec, f"checking access to {self.spec.url}"):
+            self.client.list_objects_v2(Bucket=self.spec.bucket, Prefix=self.spec.root, MaxKeys=1)
+
     # -- reading -------------------------------------------------------------------------------------------
 
     def _objects(self, prefix: str) -> Iterator[tuple[str, int]]:

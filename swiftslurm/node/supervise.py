@@ -11,9 +11,11 @@ SLURM job (excluding failed hosts, after a back-off). Other nodes always exit 0:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +36,7 @@ from swiftslurm.node.launch import Trainer
 from swiftslurm.node.progress import ProgressWatch, finished_steps, tail
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlist, rank_env
+from swiftslurm.node.sync import NodeSync, restore
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.tiny import build_tiny_assets
@@ -45,6 +48,7 @@ REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the si
 SILENT_HOST_WAIT_S = 10.0
 RESUME_FILE = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 RESUME_WAIT_S = 900.0  # restoring a large checkpoint from object storage can take a while
+KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ def run_node(run_dir_arg: str) -> NodeResult:
     """Run this node's share of the run until the run is done, stopped, or requeued."""
     run_dir = Path(run_dir_arg).resolve()
     plan = load_plan(run_dir)
+    _log_to_stdout()
     where = SlurmEnv.from_environ(os.environ)
     check_allocation(where, plan)
     if plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
@@ -103,7 +108,8 @@ def run_node(run_dir_arg: str) -> NodeResult:
     attempt = attempt_id(where)
     for retry in range(1, 1 << 30):
         resume = _agree_on_resume(plan, run_dir / "logs" / attempt, leader)
-        observed = _train(plan, where, run_dir, attempt, resume)
+        sync = NodeSync(plan.storage, run_dir, plan.output_dir) if leader and plan.storage else None
+        observed = _train(plan, where, run_dir, attempt, resume, sync)
         result = NodeResult(
             where.node_id,
             socket.gethostname(),
@@ -116,6 +122,8 @@ def run_node(run_dir_arg: str) -> NodeResult:
             return result
         decision = _conclude(plan, where, run_dir, attempt, resume, observed)
         result = replace(result, decision=decision.action.value, why=decision.why)
+        if sync is not None:
+            _finish_uploads(sync, plan, where, run_dir, decision)
         if decision.action is not decide.Action.REQUEUE:
             return result
         if where.in_slurm:
@@ -131,6 +139,8 @@ def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePo
     quarantining or restoring."""
     path = attempt_dir / RESUME_FILE
     if leader:
+        if plan.storage is not None:
+            restore(plan.storage, plan.output_dir)  # the store may be ahead: a wiped disk, a new cluster
         point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True)
         attempt_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step})
@@ -158,8 +168,11 @@ def _trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path) -> dict[str, str
     }
 
 
-def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint) -> Observed:
-    """Run ms-swift once; forward stop signals to its workers; the leader kills it if it hangs."""
+def _train(
+    plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, sync: NodeSync | None
+) -> Observed:
+    """Run ms-swift once; forward stop signals to its workers; the leader kills it if it hangs and hands
+    each newly committed checkpoint to the background uploader."""
     extra = ("--resume_from_checkpoint", str(resume.checkpoint)) if resume.checkpoint else ()
     log_path = _log(run_dir, attempt, where)
     started = time.time()
@@ -181,6 +194,8 @@ def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: 
                 trainer.signal_all(SAVE_SIGNAL)
                 forwarded_at = now
             watch.poll(now)
+            if sync is not None:
+                sync.poll(now)
             if where.node_id == 0 and not signals.received and _hung(watch, plan, now):
                 hung = True
                 trainer.kill()
@@ -189,6 +204,29 @@ def _train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: 
                 # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
                 trainer.kill()
         return Observed(code, list(signals.received), hung, watch, started)
+
+
+def _finish_uploads(sync: NodeSync, plan: JobPlan, where: SlurmEnv, run_dir: Path, decision: decide.Decision) -> None:
+    """Wait (bounded) for this attempt's uploads and put the outcome into status.json. Before a requeue the
+    wait ends ahead of SLURM's end time, or the job would be killed before it is requeued; what is left is
+    uploaded by the next attempt."""
+    budget = plan.storage.wait_at_exit_s if plan.storage else 0.0
+    end_time = _end_time(where) if decision.action is decide.Action.REQUEUE else None
+    if end_time is not None:
+        budget = min(budget, end_time - time.time() - KILL_MARGIN_S)
+    sync.drain(budget)
+    records.update_status(run_dir, storage=sync.state())
+
+
+def _log_to_stdout() -> None:
+    """swiftslurm's own log lines (uploads, restores) go to the node's stdout: SLURM's and submitit's log."""
+    logger = logging.getLogger("swiftslurm")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _saved_since(plan: JobPlan, since: float) -> bool:

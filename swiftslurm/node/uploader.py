@@ -43,6 +43,7 @@ class Uploader:
         self.keep = store.spec.keep if keep is None else keep
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
+        self._remote: list[int] = []  # steps now in the store: uploaded, or found there already
         self._draining = False
         self._stopping = False
         self._changed = threading.Condition()
@@ -63,6 +64,11 @@ class Uploader:
         """Submitted checkpoints not uploaded yet (the one uploading now included), oldest first."""
         with self._changed:
             return [p.checkpoint for p in sorted(self._pending, key=lambda p: p.step)]
+
+    def remote(self) -> list[int]:
+        """Steps of the submitted checkpoints that are in the store (uploaded now or earlier), oldest first."""
+        with self._changed:
+            return sorted(self._remote)
 
     def failures(self) -> list[str]:
         """Every failed attempt so far, as logged."""
@@ -118,13 +124,16 @@ class Uploader:
 
     def _attempt(self, item: _Pending) -> None:
         try:
-            if not self._outranked(item):
+            uploaded = not self._outranked(item)
+            if uploaded:
                 self.store.upload(item.checkpoint)
         except Exception as err:  # background work: log it, keep the checkpoint pending, carry on
             self._failed(item, err)
             return
         with self._changed:
             self._pending.remove(item)
+            if uploaded:
+                self._remote.append(item.step)
             self._changed.notify_all()
         self._apply_retention()
 

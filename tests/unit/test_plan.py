@@ -122,6 +122,8 @@ def test_plan_round_trips_through_json() -> None:
         (["storage=s3"], "storage.bucket=NAME"),
         (["storage=s3", "storage.bucket=b", "storage.addressing_style=dns"], "Valid values are: auto, path"),
         (["+cluster=local-slurm", "cluster.signal_lead_s=5000"], "signal_lead_s"),
+        (["+cluster.env.AWS_SECRET_ACCESS_KEY=x"], "never put them in the config"),
+        (["storage=s3", "storage.bucket=b", "storage.keep=-1"], "storage.keep=-1"),
     ],
 )
 def test_bad_input_is_refused_with_a_message_that_names_the_fix(overrides: list[str], message: str) -> None:
@@ -136,3 +138,19 @@ def test_bad_input_is_refused_with_a_message_that_names_the_fix(overrides: list[
 )
 def test_slurm_time_formats(text: str, minutes: int) -> None:
     assert parse_slurm_time(text) == minutes
+
+
+def test_storage_prefix_follows_the_run_name_so_a_new_run_dir_finds_the_checkpoints(tmp_path: Path) -> None:
+    a = plan_for("storage=s3", "storage.bucket=ckpt", "run_name=exp1", f"run_dir={tmp_path / 'a'}")
+    b = plan_for("storage=s3", "storage.bucket=ckpt", "run_name=exp1", f"run_dir={tmp_path / 'b'}")
+    assert a.storage is not None and a.storage == b.storage
+    assert (a.storage.bucket, a.storage.prefix) == ("ckpt", "swiftslurm/exp1")
+    assert plan_for("storage=s3", "storage.bucket=ckpt", "storage.prefix=team/x").storage.prefix == "team/x"  # type: ignore[union-attr]
+    assert plan_for().storage is None
+
+
+def test_plan_json_round_trips_the_storage_spec_and_holds_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-in-the-environment")
+    plan = plan_for("storage=s3", "storage.bucket=ckpt", "storage.endpoint_url=http://s3:8333", "storage.keep=3")
+    assert JobPlan.from_json(plan.to_json()) == plan
+    assert "s3cr3t-in-the-environment" not in plan.to_json()

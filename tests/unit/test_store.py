@@ -20,6 +20,7 @@ import pytest
 from swiftslurm import storage_cli
 from swiftslurm.node.checkpoint import MANIFEST, commit, is_committed, problems
 from swiftslurm.node.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
+from swiftslurm.node.sync import SYNC_STATE, NodeSync, restore
 from swiftslurm.node.uploader import Uploader
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import REPO
@@ -368,3 +369,43 @@ def test_a_connection_closed_after_100_continue_fails_instead_of_spinning() -> N
         worker.join(timeout=20)
         assert not worker.is_alive(), "put_object spins after `100 Continue` and a clean close"
         assert failures
+
+
+def test_node_sync_uploads_what_gets_committed_and_reports_it(store: CheckpointStore, tmp_path: Path) -> None:
+    output = tmp_path / "output"
+    make_checkpoint(output, 10)
+    uncommitted = output / "checkpoint-15"
+    uncommitted.mkdir()  # a save in progress: no manifest yet, must not be uploaded
+    sync = NodeSync(store.spec, tmp_path, output, store=store)
+    sync.poll(now=0.0)
+    make_checkpoint(output, 20)
+    sync.poll(now=0.5)  # within SCAN_S of the last look: not seen yet
+    assert sync.drain(timeout_s=60) == []
+    assert store.committed_steps() == [10, 20]
+    state = json.loads((tmp_path / SYNC_STATE).read_text())
+    assert (state["remote"], state["pending"], state["failures"]) == ([10, 20], [], 0)
+    assert state["url"] == store.spec.url
+
+
+def test_node_sync_reports_what_could_not_be_uploaded(s3_server: SeaweedServer, tmp_path: Path) -> None:
+    missing = StorageSpec(bucket="no-such-bucket", prefix="x", endpoint_url=s3_server.endpoint_url, max_attempts=1)
+    make_checkpoint(tmp_path / "output", 10)
+    sync = NodeSync(missing, tmp_path, tmp_path / "output")
+    assert sync.drain(timeout_s=1.5) == [10]
+    state = json.loads((tmp_path / SYNC_STATE).read_text())
+    assert state["pending"] == [10] and state["failures"] >= 1 and "no-such-bucket" in state["last_failure"]
+
+
+def test_restore_fetches_the_remote_checkpoint_only_when_it_is_newer(store: CheckpointStore, tmp_path: Path) -> None:
+    store.upload(make_checkpoint(tmp_path / "cluster-a", 40))
+    make_checkpoint(tmp_path / "cluster-b", 20)
+    restored = restore(store.spec, tmp_path / "cluster-b")
+    assert restored == tmp_path / "cluster-b" / "checkpoint-40" and problems(restored, deep=True) == []
+    assert restore(store.spec, tmp_path / "cluster-b") is None  # up to date now
+
+
+def test_check_access_fails_before_submission_with_the_fix(s3_server: SeaweedServer, spec: StorageSpec) -> None:
+    CheckpointStore(spec).check_access()
+    wrong = StorageSpec(bucket="no-such-bucket", prefix="x", endpoint_url=s3_server.endpoint_url, max_attempts=1)
+    with pytest.raises(StorageError, match="does not exist"):
+        CheckpointStore(wrong).check_access()

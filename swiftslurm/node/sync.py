@@ -1,0 +1,95 @@
+"""Node 0 and the object store: restore before training, upload what gets committed, drain at the end.
+
+The run directory is shared by every node (plan.json and the resume point must be), and the commit
+callback's manifest lists every file of a checkpoint, so node 0 sees each committed checkpoint whole and
+uploads it alone; the other nodes take no part. What is remote, pending and failing is written to
+<run_dir>/sync.json for `status` and for people.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.node.checkpoint import (
+    checkpoint_dirs,
+    checkpoint_step,
+    is_committed,
+    newest_committed,
+    write_json_atomic,
+)
+from swiftslurm.node.store import CheckpointStore, restore_if_newer
+from swiftslurm.node.uploader import Uploader
+from swiftslurm.storage_spec import StorageSpec
+
+log = logging.getLogger("swiftslurm.sync")
+SYNC_STATE = "sync.json"
+SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkpoints
+LAST_FAILURES = 5  # failures kept in sync.json
+
+
+def restore(spec: StorageSpec, output_dir: Path) -> Path | None:
+    """Before training: fetch the newest remote checkpoint if it is newer than every committed local one
+    (a wiped scratch disk, a new cluster). Returns what was downloaded, or None."""
+    local, _ = newest_committed(output_dir)
+    local_step = (checkpoint_step(local) or 0) if local else 0
+    return restore_if_newer(CheckpointStore(spec), output_dir, local_step)
+
+
+class NodeSync:
+    """One attempt's uploads: `poll` during training submits newly committed checkpoints to a background
+    Uploader (also those an earlier attempt left behind); `drain` waits for them, bounded, at the end."""
+
+    def __init__(self, spec: StorageSpec, run_dir: Path, output_dir: Path, store: CheckpointStore | None = None):
+        self.spec = spec
+        self.state_path = run_dir / SYNC_STATE
+        self.output_dir = output_dir
+        self.uploader = Uploader(store if store is not None else CheckpointStore(spec))
+        self._submitted: set[int] = set()
+        self._scanned_at = float("-inf")
+        self._written: dict[str, Any] | None = None
+
+    def poll(self, now: float) -> None:
+        """Submit committed checkpoints not submitted yet (at most every SCAN_S), and refresh sync.json."""
+        if now - self._scanned_at < SCAN_S:
+            return
+        self._scanned_at = now
+        for step, path in checkpoint_dirs(self.output_dir):
+            if step not in self._submitted and is_committed(path):
+                self.uploader.submit(path)
+                self._submitted.add(step)
+        self._write_state()
+
+    def drain(self, timeout_s: float) -> list[int]:
+        """Submit the last commits, wait up to ``timeout_s`` for every upload, stop; return the steps not uploaded."""
+        self.poll(float("inf"))
+        left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0))]
+        state = self._write_state()
+        if left:
+            log.warning(
+                f"[swiftslurm] not uploaded to {self.spec.url}: {', '.join(f'checkpoint-{s}' for s in left)} "
+                f"(after {timeout_s:.0f} s); the next attempt uploads them. Last failure: {state['last_failure']}"
+            )
+        else:
+            log.info(f"[swiftslurm] every committed checkpoint is in {self.spec.url}: {state['remote']}")
+        return left
+
+    def state(self) -> dict[str, Any]:
+        failures = self.uploader.failures()
+        return {
+            "url": self.spec.url,
+            "remote": self.uploader.remote(),
+            "pending": [checkpoint_step(p) or 0 for p in self.uploader.pending()],
+            "failures": len(failures),
+            "last_failure": failures[-1] if failures else None,
+            "recent_failures": failures[-LAST_FAILURES:],
+        }
+
+    def _write_state(self) -> dict[str, Any]:
+        state = self.state()
+        if state != self._written:
+            write_json_atomic(self.state_path, {**state, "updated": round(time.time(), 3)})
+            self._written = state
+        return state
