@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 from swiftslurm import config
@@ -33,7 +34,7 @@ def section(title: str, prefix: str, schema: type) -> list[str]:
     lines = [
         f"## {title}",
         "",
-        (schema.__doc__ or "").strip(),
+        " ".join(inspect.cleandoc(schema.__doc__ or "").split()),
         "",
         "| key | default | meaning |",
         "|---|---|---|",
