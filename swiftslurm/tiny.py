@@ -6,6 +6,10 @@ BPE tokenizer (741 tokens) trained on the generated dataset, a randomly initiali
 Qwen3 with ~120k parameters (0.5 MB of safetensors), and a `messages` jsonl dataset. Everything is seeded, so
 two builds give byte-identical files.
 
+Other sizes are presets (`PRESETS`, `--preset NAME`): `qwen3-0.5b` is Qwen3-0.6B's shape (28 layers,
+hidden 1024) with the same small tokenizer, ~0.44B parameters in bf16, and longer multi-turn chats
+(~300-900 tokens each), for GPU runs and throughput measurements (docs/gpu.md).
+
 The assets are built once per cache directory and reused. The build goes into a
 temporary sibling directory that is renamed into place when complete: a reader either
 sees no directory or a finished one, and concurrent builders (several ranks, several
@@ -86,6 +90,39 @@ MODEL_CONFIG: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 
+
+@dataclass(frozen=True)
+class Preset:
+    """One size of generated assets. `turns=None` keeps the original tiny dataset (mostly one turn)."""
+
+    version: str  # the cache directory's name; bump when the generated assets change
+    model_config: dict[str, Any]
+    dtype: str  # "float32" or "bfloat16": how the weights are saved (and `config.dtype`)
+    num_conversations: int
+    turns: tuple[int, int] | None = None  # user turns per chat, drawn uniformly from [min, max]
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(ASSETS_VERSION, MODEL_CONFIG, "float32", NUM_CONVERSATIONS),
+    # Qwen3-0.6B's layer shapes (its 151k vocabulary would be most of the weights; ours has ~1k tokens).
+    "qwen3-0.5b": Preset(
+        "qwen3-0.5b-v1",
+        {
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+        },
+        "bfloat16",
+        num_conversations=4000,
+        turns=(10, 30),
+    ),
+}
+
 # fmt: off
 WORDS = [
     "apple", "river", "stone", "cloud", "green", "tiger", "piano", "lemon", "house", "night",
@@ -102,15 +139,21 @@ class TinyAssets:
     dataset_path: Path
 
 
-def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """`$SWIFTSLURM_CACHE/tiny-v1`, else `~/.cache/swiftslurm/tiny-v1`.
+def default_cache_dir(env: Mapping[str, str] | None = None, preset: str = "tiny") -> Path:
+    """`$SWIFTSLURM_CACHE/tiny-v1`, else `~/.cache/swiftslurm/tiny-v1` (another preset: its version).
 
     `env` defaults to `os.environ`; the planner passes the environment of the target.
     """
     env = os.environ if env is None else env
     root = env.get("SWIFTSLURM_CACHE")
     base = Path(root) if root else Path.home() / ".cache" / "swiftslurm"
-    return base / ASSETS_VERSION
+    return base / _preset(preset).version
+
+
+def _preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; one of: {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
 def asset_paths(env: Mapping[str, str] | None = None, cache_dir: Path | None = None) -> TinyAssets:
@@ -119,13 +162,14 @@ def asset_paths(env: Mapping[str, str] | None = None, cache_dir: Path | None = N
     return _assets_in(cache_dir.expanduser().absolute())
 
 
-def build_tiny_assets(cache_dir: Path | None = None) -> TinyAssets:
-    """Return the tiny assets under `cache_dir`, building them first if missing.
+def build_tiny_assets(cache_dir: Path | None = None, preset: str = "tiny") -> TinyAssets:
+    """Return the assets of `preset` under `cache_dir`, building them first if missing.
 
     Safe to call from many processes at once: each builds into its own temporary
     directory and only one rename wins.
     """
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    spec = _preset(preset)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(preset=preset)
     cache_dir = cache_dir.expanduser().absolute()
     assets = _assets_in(cache_dir)
     if cache_dir.exists():
@@ -138,7 +182,7 @@ def build_tiny_assets(cache_dir: Path | None = None) -> TinyAssets:
     try:
         # mkdtemp makes the directory 0700; give the renamed cache the usual umask mode.
         os.chmod(tmp, 0o777 & ~_current_umask())
-        _build_into(tmp)
+        _build_into(tmp, spec)
         try:
             os.rename(tmp, cache_dir)
         except OSError:
@@ -169,9 +213,9 @@ def _check_complete(cache_dir: Path) -> None:
         raise RuntimeError(f"{cache_dir} exists but is not a finished tiny-assets build; delete it and retry")
 
 
-def _build_into(root: Path) -> None:
+def _build_into(root: Path, spec: Preset = PRESETS["tiny"]) -> None:
     """Build dataset, tokenizer and model into `root`; the manifest is written last."""
-    conversations = make_conversations(NUM_CONVERSATIONS, SEED)
+    conversations = make_conversations(spec.num_conversations, SEED, spec.turns)
     dataset_path = root / DATASET_FILE
     dataset_path.parent.mkdir(parents=True)
     with open(dataset_path, "w", encoding="utf-8") as f:
@@ -179,26 +223,29 @@ def _build_into(root: Path) -> None:
             f.write(json.dumps(conv, ensure_ascii=False) + "\n")
 
     model_dir = root / MODEL_SUBDIR
-    tokenizer = train_tokenizer(conversations)
+    tokenizer = train_tokenizer(conversations, spec.model_config["max_position_embeddings"])
     tokenizer.save_pretrained(model_dir)
-    num_params = save_random_model(model_dir, tokenizer)
+    num_params = save_random_model(model_dir, tokenizer, spec.model_config, spec.dtype)
 
     manifest = {
-        "version": ASSETS_VERSION,
+        "version": spec.version,
         "seed": SEED,
         "vocab_size": len(tokenizer),
         "num_parameters": num_params,
         "num_conversations": len(conversations),
-        "model_config": MODEL_CONFIG,
+        "model_config": spec.model_config,
     }
+    if spec.dtype != "float32":  # the tiny manifest stays as it always was
+        manifest["dtype"] = spec.dtype
     (root / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def make_conversations(n: int, seed: int) -> list[dict[str, Any]]:
-    """`n` short synthetic chats (arithmetic and word tasks) in ms-swift `messages` format.
+def make_conversations(n: int, seed: int, turns: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """`n` synthetic chats (arithmetic and word tasks) in ms-swift `messages` format.
 
-    About one in five has a system prompt and one in five a second turn, so the
-    template's system and multi-turn paths are exercised too.
+    About one in five has a system prompt and, without `turns`, one in five a second turn, so the
+    template's system and multi-turn paths are exercised too. With `turns=(a, b)` each chat has
+    between a and b user turns (long samples for GPU throughput runs).
     """
     rng = random.Random(seed)
     conversations = []
@@ -206,7 +253,8 @@ def make_conversations(n: int, seed: int) -> list[dict[str, Any]]:
         messages: list[dict[str, str]] = []
         if rng.random() < 0.2:
             messages.append({"role": "system", "content": "You are a concise assistant."})
-        for _turn in range(2 if rng.random() < 0.2 else 1):
+        count = (2 if rng.random() < 0.2 else 1) if turns is None else rng.randint(*turns)
+        for _turn in range(count):
             question, answer = _make_task(rng)
             messages.append({"role": "user", "content": question})
             messages.append({"role": "assistant", "content": answer})
@@ -230,7 +278,7 @@ def _make_task(rng: random.Random) -> tuple[str, str]:
     return f"Write '{word}' in capital letters.", f"{word.upper()}"
 
 
-def train_tokenizer(conversations: list[dict[str, Any]]) -> Any:
+def train_tokenizer(conversations: list[dict[str, Any]], max_length: int = MODEL_CONFIG["max_position_embeddings"]) -> Any:
     """Train a byte-level BPE on the chats rendered with the ChatML markup.
 
     Training on the rendered text (not only the contents) gives the template's
@@ -257,7 +305,7 @@ def train_tokenizer(conversations: list[dict[str, Any]]) -> Any:
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         extra_special_tokens=[IM_START, IM_END],
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
     fast.add_tokens(ADDED_TOKENS)
@@ -273,9 +321,12 @@ def _render_chatml(conversations: list[dict[str, Any]]) -> list[str]:
     return texts
 
 
-def save_random_model(model_dir: Path, tokenizer: Any) -> int:
-    """Save a seeded random float32 Qwen3ForCausalLM (safetensors) sized to `tokenizer`.
+def save_random_model(
+    model_dir: Path, tokenizer: Any, model_config: dict[str, Any] = MODEL_CONFIG, dtype: str = "float32"
+) -> int:
+    """Save a seeded random Qwen3ForCausalLM (safetensors, in `dtype`) sized to `tokenizer`.
 
+    Initialised in float32 on the CPU whatever the dtype, so a build is the same on every machine.
     Returns the number of parameters.
     """
     import torch
@@ -288,11 +339,14 @@ def save_random_model(model_dir: Path, tokenizer: Any) -> int:
         bos_token_id=None,
         eos_token_id=im_end,
         pad_token_id=pad,
-        **MODEL_CONFIG,
+        **model_config,
     )
     config.dtype = "float32"
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(config)  # float32: torch's default dtype
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
+        config.dtype = dtype
     # Greedy by default: sampling would make smoke-test generations differ run to run.
     model.generation_config = GenerationConfig(
         eos_token_id=[im_end, pad], pad_token_id=pad, do_sample=False, max_new_tokens=32
@@ -302,13 +356,14 @@ def save_random_model(model_dir: Path, tokenizer: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m swiftslurm.tiny [--cache-dir D]`: build (if needed) and print the paths."""
+    """`python -m swiftslurm.tiny [--cache-dir D] [--preset NAME]`: build (if needed) and print the paths."""
     parser = argparse.ArgumentParser(
         prog="python -m swiftslurm.tiny", description=__doc__.splitlines()[0] if __doc__ else None
     )
-    parser.add_argument("--cache-dir", type=Path, default=None, help=f"default: {default_cache_dir()}")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $SWIFTSLURM_CACHE/<preset version>")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="which size (default: tiny)")
     args = parser.parse_args(argv)
-    assets = build_tiny_assets(args.cache_dir)
+    assets = build_tiny_assets(args.cache_dir, args.preset)
     print(f"model_dir={assets.model_dir}")
     print(f"dataset_path={assets.dataset_path}")
 

@@ -76,6 +76,8 @@ def make_client(spec: StorageSpec) -> Any:
         read_timeout=spec.timeout_s,
         max_pool_connections=spec.max_concurrency + 4,  # transfers, plus listing and manifest calls beside them
     )
+    # "Found credentials in environment variables" at INFO on every client: noise in job logs.
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
     # A session per client: boto3's default session is not safe to create clients from in several threads.
     client = boto3.session.Session().client("s3", endpoint_url=spec.endpoint_url, config=config)
     # No `Expect: 100-continue`: when a connection closes cleanly right after the `100 Continue` line, botocore
