@@ -278,7 +278,9 @@ def _make_task(rng: random.Random) -> tuple[str, str]:
     return f"Write '{word}' in capital letters.", f"{word.upper()}"
 
 
-def train_tokenizer(conversations: list[dict[str, Any]], max_length: int = MODEL_CONFIG["max_position_embeddings"]) -> Any:
+def train_tokenizer(
+    conversations: list[dict[str, Any]], max_length: int = MODEL_CONFIG["max_position_embeddings"]
+) -> Any:
     """Train a byte-level BPE on the chats rendered with the ChatML markup.
 
     Training on the rendered text (not only the contents) gives the template's
