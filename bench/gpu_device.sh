@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine (docs/gpu.md). Installs the wheels carried in .whl/ into /tmp/site, builds
+# the 0.44B random Qwen3 into /tmp/gpu-assets (both only once per machine), then runs the steps named:
+#
+#   bash bench/gpu_device.sh BUDGET_S STEP...      STEP: preflight | matrix[=CASE,CASE] | overhead=FIRST_PAIR:PAIRS
+#
+# Results go to $OUT (at most 8 files come back): device.log, preflight.json, matrix.json, overhead.jsonl,
+# versions.json and the run logs as .tgz. No overhead pair starts that would end after BUDGET_S.
+set -uo pipefail
+budget_s=$1
+shift
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+deadline=$(($(date +%s) + budget_s))
+exec > >(tee -a "$out/device.log") 2>&1
+
+site=/tmp/site
+if [[ ! -f $site/.installed ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
+    && touch "$site/.installed" || exit 1
+fi
+# The plan's `swift` is the one beside cluster.python: a python in /tmp/site/bin, where pip put `swift`.
+printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >"$site/bin/python"
+chmod +x "$site/bin/python"
+export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# This workplace's rule for shared GPU hosts: no NVLink multicast.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+assets=/tmp/gpu-assets
+python3 -m swiftslurm.tiny --preset qwen3-0.5b --cache-dir "$assets" || exit 1
+common=(--assets "$assets" --out "$out" --override "cluster.python=$site/bin/python")
+
+for step in "$@"; do
+  echo "== $step ($(date +%T), $((deadline - $(date +%s))) s left)"
+  case $step in
+    preflight)
+      nvidia-smi
+      python3 bench/gpu_preflight.py --sockets --json "$out/preflight.json"
+      ;;
+    matrix*)
+      cases=${step#matrix}
+      python3 bench/gpu_matrix.py "${common[@]}" --cases "${cases#=}"
+      tar -czf "$out/matrix-logs.tgz" --exclude=output /tmp/gpu-matrix 2>/dev/null
+      ;;
+    overhead=*)
+      spec=${step#overhead=}
+      python3 bench/gpu_overhead.py "${common[@]}" --first-pair "${spec%:*}" --pairs "${spec#*:}" \
+        --deadline-at "$deadline"
+      tar -czf "$out/overhead-logs.tgz" --exclude=output /tmp/gpu-overhead 2>/dev/null
+      ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "== done ($(date +%T), $((deadline - $(date +%s))) s left)"
