@@ -29,6 +29,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 assets=/tmp/gpu-assets
 python3 -m swiftslurm.tiny --preset qwen3-0.5b --cache-dir "$assets" || exit 1
 common=(--assets "$assets" --out "$out" --override "cluster.python=$site/bin/python")
+# Checkpoints are GBs: keep them off a RAM-backed /tmp.
+runs=/tmp
+[[ $(stat -f -c %T /tmp) == tmpfs ]] && runs=/var/tmp
+df -h / /tmp /var/tmp | sed 's/^/  /'
+# DeepSpeedCPUAdam (ZeRO offload) is compiled at first use: it needs a C++ compiler and Python's headers.
+include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+echo "  g++: $(command -v g++ || echo missing); Python.h: $(ls "$include/Python.h" 2>/dev/null || echo missing)"
 
 for step in "$@"; do
   echo "== $step ($(date +%T), $((deadline - $(date +%s))) s left)"
@@ -39,14 +46,14 @@ for step in "$@"; do
       ;;
     matrix*)
       cases=${step#matrix}
-      python3 bench/gpu_matrix.py "${common[@]}" --cases "${cases#=}"
-      tar -czf "$out/matrix-logs.tgz" --exclude=output /tmp/gpu-matrix 2>/dev/null
+      python3 bench/gpu_matrix.py "${common[@]}" --runs "$runs/gpu-matrix" --case-timeout-s 420 --cases "${cases#=}"
+      tar -czf "$out/matrix-logs.tgz" --exclude=output "$runs/gpu-matrix" 2>/dev/null
       ;;
     overhead=*)
       spec=${step#overhead=}
       python3 bench/gpu_overhead.py "${common[@]}" --first-pair "${spec%:*}" --pairs "${spec#*:}" \
-        --deadline-at "$deadline"
-      tar -czf "$out/overhead-logs.tgz" --exclude=output /tmp/gpu-overhead 2>/dev/null
+        --runs "$runs/gpu-overhead" --deadline-at "$deadline"
+      tar -czf "$out/overhead-logs.tgz" --exclude=output "$runs/gpu-overhead" 2>/dev/null
       ;;
     *) echo "unknown step $step" ;;
   esac

@@ -68,7 +68,18 @@ GPU_CASES = {
     "2node_zero3": Case("2node_zero3", ("strategy=zero3", "strategy.tuner_type=full"), nodes=2),
     "2node_fsdp2": Case("2node_fsdp2", ("strategy=fsdp2", "strategy.tuner_type=full"), nodes=2),
     "2node_lora": Case("2node_lora", ("strategy=ddp", "strategy.tuner_type=lora"), nodes=2),
+    # ZeRO-3 offload without DeepSpeedCPUAdam (which is compiled at first use and needs g++ and Python.h): torch's
+    # AdamW steps the offloaded fp32 partitions on the CPU. Run only when named.
+    "zero3_offload_torch_adam": Case(
+        "zero3_offload_torch_adam",
+        (
+            "strategy=zero3_offload",
+            f"strategy.deepspeed={Path(__file__).resolve().parent / 'ds_zero3_offload_torch_adam.json'}",
+            "strategy.tuner_type=full",
+        ),
+    ),
 }
+DEFAULT_GPU_CASES = [name for name in GPU_CASES if name != "zero3_offload_torch_adam"]
 CPU_CASES = {
     "ddp": Case("ddp", ("strategy=ddp",)),
     "zero2": Case("zero2", ("strategy=zero2",)),
@@ -102,7 +113,7 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
     return [
         "model=qwen3-0.5b-random",
         f"model.id={assets / 'model'}",
-        f"dataset=[{assets / 'data' / 'train.jsonl'}#{samples}]",
+        f"dataset=['{assets / 'data' / 'train.jsonl'}#{samples}']",
     ]
 
 
@@ -271,7 +282,7 @@ def main() -> None:
     parser.add_argument("--override", action="append", default=[], help="more overrides for every plan")
     args = parser.parse_args()
     table = CPU_CASES if args.cpu else GPU_CASES
-    names = [n for n in args.cases.split(",") if n] or list(table)
+    names = [n for n in args.cases.split(",") if n] or (list(table) if args.cpu else DEFAULT_GPU_CASES)
     cases = [table[n] for n in names]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ def overrides(args: argparse.Namespace, strategy: str, run_name: str) -> list[st
             "+cluster=h200x2",
             "model=qwen3-0.5b-random",
             f"model.id={assets / 'model'}",
-            f"dataset=[{assets / 'data' / 'train.jsonl'}#{samples}]",
+            f"dataset=['{assets / 'data' / 'train.jsonl'}#{samples}']",
         ]
     return [
         *where,
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--first-pair", type=int, default=0, help="index of the first pair (ABBA order, job ids)")
     parser.add_argument("--deadline-at", type=float, default=0.0, help="start no pair that would end after this")
     parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=150)
+    parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--warmup-steps", type=int, default=15)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--keep-runs", action="store_true")
