@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ class CommitCallback(TrainerCallback):
             print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # Training is over: a save signal that arrives now (SLURM delivers it to each node at its own moment,
+        # and the wrapper forwards it) has nothing left to save, but once Python finalises it restores the
+        # default action and the signal would kill this rank, failing a run that ended well.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         for thread in self._commits:
             thread.join()
         return control
