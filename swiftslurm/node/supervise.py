@@ -39,6 +39,7 @@ from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlis
 from swiftslurm.node.sync import NodeSync, restore
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.storage_spec import StorageSpec
 from swiftslurm.tiny import build_tiny_assets
 
 POLL_S = 0.5
@@ -140,7 +141,7 @@ def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePo
     path = attempt_dir / RESUME_FILE
     if leader:
         if plan.storage is not None:
-            restore(plan.storage, plan.output_dir)  # the store may be ahead: a wiped disk, a new cluster
+            _restore_or_tell(plan.storage, plan.output_dir, path)
         point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True)
         attempt_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step})
@@ -151,7 +152,20 @@ def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePo
             raise NodeError(f"node 0 did not publish {path} within {RESUME_WAIT_S:.0f} s; is node 0 alive?")
         time.sleep(POLL_S)
     chosen = json.loads(path.read_text())
+    if chosen.get("error"):
+        raise NodeError(f"node 0 could not prepare the resume point: {chosen['error']}")
     return ResumePoint(Path(chosen["checkpoint"]) if chosen["checkpoint"] else None, chosen["step"])
+
+
+def _restore_or_tell(spec: StorageSpec, output_dir: Path, resume_file: Path) -> None:
+    """Fetch the remote checkpoint when the store is ahead (a wiped disk, a new cluster). If the store cannot
+    be read, fail the attempt rather than resume behind it; the other nodes learn it from the resume file."""
+    try:
+        restore(spec, output_dir)
+    except SwiftSlurmError as err:
+        resume_file.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(resume_file, {"checkpoint": None, "step": 0, "error": str(err)})
+        raise
 
 
 def _log(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
