@@ -13,6 +13,7 @@ throttling store does. It is bounded: a lifetime after which it stops by itself,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -30,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from swiftslurm.node.checkpoint import MANIFEST
 
 ACCESS_KEY = "swiftslurm-test"
 SECRET_KEY = "s3cr3t-never-logged-7f3a9c"  # distinctive, so tests can prove it never shows up anywhere
@@ -371,3 +374,37 @@ class FaultProxy:
             head += chunk
         client.sendall(slow_down_response())
         self._count("503")
+
+
+def published_and_incomplete(client: Any, bucket: str, root: str) -> tuple[set[str], list[str]]:
+    """The manifests visible now, and the files they list that are missing or of another size."""
+    listing = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root)
+    sizes = {item["Key"]: item["Size"] for page in listing for item in page.get("Contents", [])}
+    published = {key for key in sizes if key.endswith("/" + MANIFEST)}
+    broken = []
+    for key in published:
+        folder = key[: -len(MANIFEST)]
+        manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        broken += [folder + f["path"] for f in manifest["files"] if sizes.get(folder + f["path"]) != f["size"]]
+    return published, broken
+
+
+class Sampler(threading.Thread):
+    """Checks the remote invariant (a published manifest means a complete checkpoint) every ~0.1 s, straight
+    to the server (not through the faults), until `stop` is set."""
+
+    def __init__(self, client: Any, bucket: str, root: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.bucket, self.root = client, bucket, root
+        self.samples = 0
+        self.seen_published: set[str] = set()
+        self.violations: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            published, broken = published_and_incomplete(self.client, self.bucket, self.root)
+            self.seen_published |= published
+            self.violations += broken
+            self.samples += 1
+            self.stop.wait(0.1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,3 +65,60 @@ def wait_for_job(job_id: str, timeout_s: float = 600) -> str:
         time.sleep(2)
     subprocess.run(["scancel", job_id])
     raise AssertionError(f"job {job_id} still {job_state(job_id)} after {timeout_s} s")
+
+
+LONG = ("swift.max_steps=120", "swift.save_steps=50")  # the run whose final adapter the resume tests compare
+ADAPTER = "output/checkpoint-120/adapter_model.safetensors"
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    path = run_dir / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def current_step(run_dir: Path) -> int:
+    """The newest training step any attempt's node 0 has logged."""
+    steps = [
+        int(m)
+        for log in run_dir.glob("logs/*/node0.log")
+        for m in re.findall(r"'global_step/max_steps': '(\d+)/", log.read_text(errors="replace"))
+    ]
+    return max(steps, default=0)
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def submit(run_dir: Path, *overrides: str) -> str:
+    done = swiftslurm("+cluster=local-slurm", f"run_dir={run_dir}", *overrides, cwd=run_dir.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"submitted job (\d+)", done.stdout)
+    assert match, done.stdout
+    return match.group(1)
+
+
+def preempt_at_steps(run_dir: Path, job: str, steps: list[int]) -> None:
+    """`scancel --signal=USR2` (what SLURM sends ahead of a preemption) once training passes each step."""
+    for step in steps:
+        wait_until(lambda s=step: current_step(run_dir) >= s, 300, f"step {step}")
+        before = len(attempts(run_dir))
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        wait_until(lambda b=before: len(attempts(run_dir)) > b, 120, "the preempted attempt's record")
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: None) -> bytes:
+    """The final adapter of a LONG run that is never stopped (same seed, same settings): resumed runs must
+    end with these very bytes."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *LONG, cwd=run_dir.parent)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return (run_dir / ADAPTER).read_bytes()

@@ -8,14 +8,11 @@ gives back the same bytes.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,7 +20,16 @@ from swiftslurm.node.checkpoint import MANIFEST, commit, problems, read_manifest
 from swiftslurm.node.store import CheckpointStore
 from swiftslurm.node.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
-from tests.s3server import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, SeaweedServer, serve_for_tests
+from tests.s3server import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    FaultProxy,
+    Faults,
+    Sampler,
+    SeaweedServer,
+    published_and_incomplete,
+    serve_for_tests,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,39 +71,6 @@ def write_checkpoint(output_dir: Path, step: int, rng: random.Random) -> Path:
     return folder
 
 
-def published_and_incomplete(client: Any, root: str) -> tuple[set[str], list[str]]:
-    """The manifests visible now, and the files they list that are missing or of another size."""
-    listing = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=root)
-    sizes = {item["Key"]: item["Size"] for page in listing for item in page.get("Contents", [])}
-    published = {key for key in sizes if key.endswith("/" + MANIFEST)}
-    broken = []
-    for key in published:
-        folder = key[: -len(MANIFEST)]
-        manifest = json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
-        broken += [folder + f["path"] for f in manifest["files"] if sizes.get(folder + f["path"]) != f["size"]]
-    return published, broken
-
-
-class Sampler(threading.Thread):
-    """Checks the remote invariant every ~0.1 s, straight to the server (not through the faults)."""
-
-    def __init__(self, client: Any, root: str) -> None:
-        super().__init__(daemon=True)
-        self.client, self.root = client, root
-        self.samples = 0
-        self.seen_published: set[str] = set()
-        self.violations: list[str] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            published, broken = published_and_incomplete(self.client, self.root)
-            self.seen_published |= published
-            self.violations += broken
-            self.samples += 1
-            self.stop.wait(0.1)
-
-
 def test_uploads_survive_resets_stalls_and_throttling(
     s3_server: SeaweedServer, proxy: FaultProxy, tmp_path: Path
 ) -> None:
@@ -112,7 +85,7 @@ def test_uploads_survive_resets_stalls_and_throttling(
         timeout_s=4,  # a stalled request (6 s) times out and is retried
     )
     store = CheckpointStore(spec)
-    sampler = Sampler(s3_server.client(), spec.root)
+    sampler = Sampler(s3_server.client(), BUCKET, spec.root)
     sampler.start()
     uploader = Uploader(store)
     rng = random.Random(1)
@@ -129,7 +102,10 @@ def test_uploads_survive_resets_stalls_and_throttling(
     assert store.committed_steps() == list(STEPS)
     assert sampler.violations == []
     assert len(sampler.seen_published) >= len(STEPS) - 1  # it watched them appear (the last may beat it)
-    assert published_and_incomplete(s3_server.client(), spec.root) == ({store.key(s, MANIFEST) for s in STEPS}, [])
+    assert published_and_incomplete(s3_server.client(), BUCKET, spec.root) == (
+        {store.key(s, MANIFEST) for s in STEPS},
+        [],
+    )
     assert proxy.injected["reset"] > 10 and proxy.injected["503"] > 0 and proxy.injected["stall"] > 0, proxy.injected
     restored = store.download(STEPS[-1], tmp_path / "restored")
     assert problems(restored, deep=True) == []

