@@ -4,6 +4,9 @@ Examples:
     python -m swiftslurm                                   # the embedded default: tiny Qwen3, CPU, here
     python -m swiftslurm +cluster=a100x16 model=qwen3-8b strategy=zero3 dry_run=true
     python -m swiftslurm +cluster=local-slurm wait=true    # a real 2-node SLURM job
+    python -m swiftslurm -m +cluster=local-slurm swift.learning_rate=1e-4,2e-4 strategy=ddp,zero2  # a sweep
+
+Operating runs: `python -m swiftslurm status|logs|cancel|resume|preflight ...` (see `... status -h`).
 """
 
 from __future__ import annotations
@@ -81,9 +84,35 @@ def sweep_point() -> str | None:
     return name or str(hydra_cfg.job.num)
 
 
+def sweep_dir() -> Path | None:
+    """In a Hydra multirun, the sweep's directory (hydra.sweep.dir); None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    return Path(hydra_cfg.sweep.dir).resolve() if hydra_cfg.mode == RunMode.MULTIRUN else None
+
+
+def already_submitted(run_dir: Path) -> str | None:
+    """Why this run is not submitted again (finished, or its job still queued or running); None to submit.
+    Makes re-running a command (or a sweep) resume what stopped and leave alone what did not."""
+    from swiftslurm.ops import ACTIVE_STATES, facts_of
+
+    if not (run_dir / "job.json").is_file():
+        return None
+    facts = facts_of(run_dir)
+    if facts.state == "finished":
+        return f"already finished (job {facts.job_id}); not submitted again. HINT: a new run_name trains anew."
+    if facts.state in ACTIVE_STATES:
+        return f"already {facts.state} as job {facts.job_id}; not submitted again."
+    return None
+
+
 def run(cfg: DictConfig) -> int:
     from swiftslurm import submit, tiny
+    from swiftslurm.runs import CANCELLED_FILE, record_submission
 
+    sweep = sweep_dir()
     plan = make_plan(to_config(cfg), PlanContext(cwd=Path.cwd(), sweep_point=sweep_point()))
     run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
     if cfg.dry_run:
@@ -91,14 +120,34 @@ def run(cfg: DictConfig) -> int:
         how = f"sbatch {run_dir / 'job.sbatch'}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
         print(f"\nNothing submitted (dry_run=true). Run directory written: {run_dir}\nSubmit by hand: {how}")
         return 0
+    if (skip := already_submitted(run_dir)) is not None:
+        print(f"{plan.run_name}: {skip}", flush=True)
+        _record_point(sweep, plan, skip)
+        return 0
     if plan.tiny_cache:
         tiny.build_tiny_assets(Path(plan.tiny_cache))
+    (run_dir / CANCELLED_FILE).unlink(missing_ok=True)  # submitting again is resuming
     job = submit.submit(plan)
+    record_submission(run_dir, str(job.job_id), plan.scheduler)
+    _record_point(sweep, plan, "submitted", str(job.job_id))
     print(f"submitted job {job.job_id} ({plan.scheduler}); run dir {run_dir}", flush=True)
-    if plan.scheduler == "local" or cfg.wait:
+    if plan.scheduler == "local" or (cfg.wait and sweep is None):
         return wait_for(job, plan)
-    print("Not waiting (wait=false): follow it with `squeue` and the logs in the run directory.")
+    if sweep is None:
+        print("Not waiting (wait=false): `python -m swiftslurm status RUN_DIR`, `... logs -f RUN_DIR`.")
     return 0
+
+
+def _record_point(sweep: Path | None, plan: JobPlan, action: str, job_id: str | None = None) -> None:
+    if sweep is None:
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    from swiftslurm.sweep import record_point
+
+    job = HydraConfig.get().job
+    point = {"num": job.num, "overrides": list(HydraConfig.get().overrides.task), "run_name": plan.run_name}
+    record_point(sweep, {**point, "run_dir": plan.run_dir, "job_id": job_id, "action": action})
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -112,7 +161,22 @@ def hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+OPERATIONS = {
+    "status": "swiftslurm.status",
+    "logs": "swiftslurm.ops",
+    "cancel": "swiftslurm.ops",
+    "resume": "swiftslurm.ops",
+    "preflight": "swiftslurm.preflight",
+}
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in OPERATIONS:  # `swiftslurm status DIR`: not a Hydra override
+        import importlib
+
+        module = importlib.import_module(OPERATIONS[sys.argv[1]])
+        args = sys.argv[2:] if module.__name__ != "swiftslurm.ops" else sys.argv[1:]
+        sys.exit(module.main(args))
     register_configs()
     sys.argv[1:] = open_dict_overrides(sys.argv[1:])
     hydra_main()

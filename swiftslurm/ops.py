@@ -1,0 +1,119 @@
+"""Operating runs: `swiftslurm logs|cancel|resume RUN_OR_SWEEP_DIR` (status: swiftslurm.status).
+
+- logs: the current attempt's node logs (`--follow` keeps printing, across requeues, until the run ends).
+- cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it) and `scancel`s the
+  job: a running job saves the current step and stops; a waiting one leaves the queue.
+- resume: resubmit a stopped, failed or cancelled run; it continues from its newest committed checkpoint.
+  A sweep dir resumes every point that is not finished or still queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from swiftslurm import slurm_cli
+from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.runs import CANCELLED_FILE, FINAL_STATES, RunFacts, ask_slurm, gather, read_json, record_submission
+from swiftslurm.sweep import run_dirs
+
+ACTIVE_STATES = ("pending", "running", "requeued")
+FOLLOW_POLL_S = 1.0
+
+
+class OpsError(SwiftSlurmError):
+    """An operation that cannot be done on this run; the message says why and what to do."""
+
+
+def facts_of(run_dir: Path) -> RunFacts:
+    job = read_json(run_dir / "job.json") or {}
+    job_id = str(job.get("job_id") or "")
+    return gather(run_dir, ask_slurm([job_id]) if job_id and not job_id.startswith("local") else None)
+
+
+def cancel(run_dir: Path) -> str:
+    facts = facts_of(run_dir)
+    if facts.state in FINAL_STATES:
+        return f"{facts.run_name}: already {facts.state}; nothing to cancel."
+    write_json_atomic(run_dir / CANCELLED_FILE, {"at": time.time()})
+    if facts.job_id and not facts.job_id.startswith("local"):
+        slurm_cli.run(["scancel", facts.job_id])
+        return f"{facts.run_name}: cancelled job {facts.job_id} (a running job saves its current step first)."
+    return f"{facts.run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
+
+
+def resume(run_dir: Path) -> str:
+    from swiftslurm import submit
+    from swiftslurm.plan import JobPlan
+
+    facts = facts_of(run_dir)
+    if facts.state in ACTIVE_STATES:
+        return f"{facts.run_name}: {facts.state} as job {facts.job_id}; not resubmitted."
+    if facts.state == "finished":
+        return f"{facts.run_name}: finished; nothing to resume."
+    plan = JobPlan.load(run_dir / "plan.json")
+    (run_dir / CANCELLED_FILE).unlink(missing_ok=True)
+    job = submit.submit(plan)
+    record_submission(run_dir, str(job.job_id), plan.scheduler)
+    where = f"step {facts.committed_step}" if facts.committed_step else "the start (nothing committed)"
+    return f"{facts.run_name}: resubmitted as job {job.job_id}; resumes from {where}."
+
+
+def current_attempt_dir(run_dir: Path) -> Path | None:
+    attempts = [d for d in (run_dir / "logs").glob("*") if d.is_dir() and any(d.glob("node*.log"))]
+    return max(attempts, key=lambda d: d.stat().st_mtime, default=None)
+
+
+def print_logs(run_dir: Path, node: int | None, follow: bool) -> None:
+    """Print the node logs of the newest attempt; with ``follow``, keep printing new lines (and the next
+    attempt's logs after a requeue) until the run reaches a final state."""
+    offsets: dict[Path, int] = {}
+    while True:
+        attempt = current_attempt_dir(run_dir)
+        logs = sorted(attempt.glob("node*.log")) if attempt else []
+        for log in logs:
+            if node is not None and log.name != f"node{node}.log":
+                continue
+            with open(log, errors="replace") as stream:
+                stream.seek(offsets.get(log, 0))
+                text = stream.read()
+                offsets[log] = stream.tell()
+            prefix = f"[{attempt.name if attempt else ''}/{log.stem}] "
+            for line in text.splitlines():
+                print(prefix + line, flush=True)
+        if not follow or facts_of(run_dir).state in FINAL_STATES:
+            return
+        time.sleep(FOLLOW_POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swiftslurm", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    logs = commands.add_parser("logs", help="the current attempt's node logs")
+    logs.add_argument("run_dir", type=Path)
+    logs.add_argument("--node", type=int, help="only this node (0 = the leader)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following until the run ends")
+    for name, text in (("cancel", "stop for good (no requeue)"), ("resume", "resubmit from the newest checkpoint")):
+        commands.add_parser(name, help=text).add_argument("path", type=Path, help="run dir or sweep dir")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "logs":
+            print_logs(args.run_dir, args.node, args.follow)
+            return 0
+        action = cancel if args.command == "cancel" else resume
+        dirs = run_dirs(args.path)
+        if not dirs:
+            raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.json).")
+        for run_dir in dirs:
+            print(action(run_dir))
+    except SwiftSlurmError as err:
+        print(f"swiftslurm: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""What a run directory says about its run, and what SLURM adds: the facts behind `status`, `cancel`,
+`resume` and the plots. Reading never changes anything; SLURM being unreachable is a fact, not an error.
+
+A run directory holds: plan.json (the plan), job.json (the latest submission), status.json (the leader's
+view), attempts.jsonl (one record per attempt), sync.json (object storage), output/logging.jsonl
+(ms-swift's metrics), and cancelled.json once someone cancelled the run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.node.checkpoint import checkpoint_step, newest_committed, write_json_atomic
+from swiftslurm.node.records import read_attempts, read_status
+
+JOB_FILE = "job.json"
+CANCELLED_FILE = "cancelled.json"
+SYNC_FILE = "sync.json"
+METRICS = Path("output") / "logging.jsonl"
+# What the leader writes in status.json, refined by what SLURM says about the job right now.
+FINAL_STATES = ("finished", "failed", "cancelled")
+
+
+def record_submission(run_dir: Path, job_id: str, scheduler: str) -> None:
+    """The job that now carries the run (a resubmission replaces it)."""
+    write_json_atomic(run_dir / JOB_FILE, {"job_id": job_id, "scheduler": scheduler, "submitted": time.time()})
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_cancelled(run_dir: Path) -> bool:
+    return (run_dir / CANCELLED_FILE).is_file()
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """From ms-swift's logging.jsonl: the latest loss and how fast the latest steps went."""
+
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    seconds_per_step: float | None = None
+    losses: tuple[tuple[int, float], ...] = ()  # (step, loss) over every attempt, for the plots
+    speeds: tuple[tuple[int, float], ...] = ()  # (step, seconds per step)
+
+
+_LOG_RECORD = re.compile(r"\{'loss': [^{}]*\}")  # ms-swift's progress line in a node log (a dict's repr)
+
+
+def _metric_records(run_dir: Path) -> list[dict[str, Any]]:
+    """ms-swift's per-step records: output/logging.jsonl, or, while it has none yet (it can lag behind),
+    the progress lines of node 0's logs, oldest attempt first."""
+    records = []
+    path = run_dir / METRICS
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    if any("loss" in r for r in records if isinstance(r, dict)):
+        return records
+    logs = sorted((run_dir / "logs").glob("*/node0.log"), key=lambda p: p.stat().st_mtime)
+    for log in logs:
+        for match in _LOG_RECORD.finditer(log.read_text(errors="replace")):
+            try:
+                records.append(ast.literal_eval(match.group(0)))
+            except (ValueError, SyntaxError):
+                continue
+    return records
+
+
+def read_metrics(run_dir: Path) -> Metrics:
+    losses: dict[int, float] = {}
+    speeds: dict[int, float] = {}
+    step = max_steps = None
+    for record in _metric_records(run_dir):
+        try:
+            done, total = (int(x) for x in str(record["global_step/max_steps"]).split("/"))
+        except (KeyError, TypeError, ValueError):
+            continue  # the summary lines
+        step, max_steps = done, total
+        if "loss" in record:
+            losses[done] = float(record["loss"])  # a resumed attempt logs its steps again: the latest wins
+        if "train_speed(s/it)" in record and "train_runtime" not in record:
+            speeds[done] = float(record["train_speed(s/it)"])
+    ordered = sorted(losses.items())
+    return Metrics(
+        step=step,
+        max_steps=max_steps,
+        loss=ordered[-1][1] if ordered else None,
+        seconds_per_step=speeds[max(speeds)] if speeds else None,
+        losses=tuple(ordered),
+        speeds=tuple(sorted(speeds.items())),
+    )
+
+
+def goodput(attempts: list[dict[str, Any]], nodes: int) -> float | None:
+    """Allocated node-hours that became committed progress ÷ all allocated node-hours.
+
+    An attempt's useful time is the training time of the steps it committed (resume step → its newest
+    commit), at the pace it trained; start-up, steps lost after the last commit, hangs and saves that never
+    committed are what preemptions and failures cost. None before any attempt has ended."""
+    allocated = useful = 0.0
+    for record in attempts:
+        start, end = record.get("start"), record.get("end")
+        if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+            continue  # an attempt lost with its node: no end recorded
+        width = len(record.get("hosts") or []) or nodes
+        allocated += (end - start) * width
+        useful += _useful_seconds(record, end) * width
+    return useful / allocated if allocated > 0 else None
+
+
+def _useful_seconds(record: dict[str, Any], end: float) -> float:
+    first_step_at, last_step = record.get("first_step_at"), record.get("last_step")
+    resumed, committed = record.get("resume_step") or 0, record.get("committed_step") or 0
+    if not isinstance(first_step_at, (int, float)) or not last_step or last_step <= resumed:
+        return 0.0
+    pace = (end - first_step_at) / (last_step - resumed)  # seconds per step, the save at the end included
+    return max(0, min(committed, last_step) - resumed) * pace
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """What SLURM says about some jobs now; `available` False when squeue/sacct could not be asked."""
+
+    available: bool
+    states: dict[str, str] = field(default_factory=dict)  # job id -> PENDING, RUNNING, COMPLETED, ...
+    error: str = ""
+
+
+def ask_slurm(job_ids: list[str]) -> SlurmView:
+    """One squeue for jobs in the queue, one sacct for the rest. Never raises."""
+    if not job_ids:
+        return SlurmView(available=True)
+    try:
+        states = _squeue(job_ids)
+        ended = [job for job in job_ids if job not in states]
+        if ended:
+            states |= _sacct(ended)
+    except (OSError, subprocess.SubprocessError) as err:
+        return SlurmView(available=False, error=str(err).strip().splitlines()[-1][:200])
+    return SlurmView(available=True, states=states)
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        raise subprocess.SubprocessError(f"`{argv[0]}` failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def _squeue(job_ids: list[str]) -> dict[str, str]:
+    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"])
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def _sacct(job_ids: list[str]) -> dict[str, str]:
+    out = _run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"])
+    states = {}
+    for line in out.splitlines():
+        job, _, state = line.partition("|")
+        if job and state:
+            states[job] = state.split()[0]  # "CANCELLED by 0" -> CANCELLED
+    return states
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One run, as `status` shows it."""
+
+    run_dir: str
+    run_name: str
+    state: str  # pending | running | requeued | finished | failed | cancelled | unknown
+    why: str
+    job_id: str | None
+    slurm_state: str | None
+    attempts: int
+    attempt_reasons: tuple[str, ...]
+    committed_step: int | None
+    max_steps: int | None
+    loss: float | None
+    samples_per_s: float | None
+    goodput: float | None
+    storage: dict[str, Any] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
+    """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only)."""
+    plan = read_json(run_dir / "plan.json") or {}
+    status = read_status(run_dir) or {}
+    job = read_json(run_dir / JOB_FILE) or {}
+    attempts = read_attempts(run_dir)
+    metrics = read_metrics(run_dir)
+    job_id = str(job.get("job_id") or status.get("job_id") or "") or None
+    slurm_state = slurm.states.get(job_id) if slurm and job_id else None
+    state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
+    committed, _ = newest_committed(run_dir / "output")
+    global_batch = _global_batch(plan)
+    return RunFacts(
+        run_dir=str(run_dir),
+        run_name=str(plan.get("run_name", run_dir.name)),
+        state=state,
+        why=why,
+        job_id=job_id,
+        slurm_state=slurm_state,
+        attempts=len(attempts),
+        attempt_reasons=tuple(f"{a.get('reason')}→{a.get('decision')}" for a in attempts),
+        committed_step=checkpoint_step(committed) if committed else None,
+        max_steps=metrics.max_steps,
+        loss=metrics.loss,
+        samples_per_s=global_batch / metrics.seconds_per_step if metrics.seconds_per_step and global_batch else None,
+        goodput=goodput(attempts, int(plan.get("topology", {}).get("nodes", 1))),
+        storage=read_json(run_dir / SYNC_FILE),
+    )
+
+
+def _global_batch(plan: dict[str, Any]) -> int | None:
+    batch = plan.get("batch") or {}
+    try:
+        return int(batch["micro"]) * int(batch["grad_accum"]) * int(batch["data_parallel"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# SLURM states of a job that is over. A requeued job in the queue is PENDING (squeue); sacct's REQUEUED for a
+# job no longer in the queue means it was removed while waiting to start again.
+_SLURM_ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "REQUEUED",
+}
+
+
+def decide_state(status: dict[str, Any], slurm_state: str | None, cancelled: bool, submitted: bool) -> tuple[str, str]:
+    """The run's state from the leader's status.json and SLURM's view of its job (None: unknown)."""
+    written = str(status.get("state", ""))
+    why = str(status.get("why", ""))
+    if written in FINAL_STATES:
+        return written, why
+    if cancelled and slurm_state in (None, *_SLURM_ENDED):
+        return "cancelled", "cancelled with `swiftslurm cancel`"
+    if slurm_state == "PENDING":
+        return ("requeued" if written == "requeued" else "pending"), why or "waiting for resources"
+    if slurm_state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+        return "running", why
+    if slurm_state in _SLURM_ENDED:
+        # The job is over but the leader never wrote a final state: it was killed (or its node lost).
+        return "failed", f"job {slurm_state.lower()} without a final record from the wrapper; {why}".rstrip("; ")
+    if written:
+        return written, why
+    return ("pending" if submitted else "unknown"), why

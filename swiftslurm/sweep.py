@@ -1,0 +1,74 @@
+"""A sweep directory: which points a `-m` sweep has, their overrides, run directories and jobs.
+
+Every point of a Hydra multirun is planned and submitted by swiftslurm's own `run` (Hydra's basic launcher
+calls it once per point, in this process, without waiting for jobs), and records itself in
+`<sweep dir>/sweep.json`. Each point is an ordinary run with its own run directory, requeued and resumed
+on its own. Running the same sweep again skips the points that are finished or still queued.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.runs import read_json
+
+SWEEP_FILE = "sweep.json"
+
+
+def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
+    """Add or replace (by run dir) one point of the sweep. Points are recorded one after another by the
+    process that launches the sweep, so a read-modify-write is safe; the write itself is atomic."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    path = sweep_dir / SWEEP_FILE
+    data = read_json(path) or {"created": time.time(), "points": []}
+    points = [p for p in data.get("points", []) if p.get("run_dir") != point["run_dir"]]
+    data["points"] = sorted([*points, point], key=lambda p: p.get("num", 0))
+    data["updated"] = time.time()
+    write_json_atomic(path, data)
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """The run directories behind ``path``: a run dir itself, a sweep dir's points, or every run dir
+    directly inside a folder (e.g. `runs/`)."""
+    if (path / "plan.json").is_file():
+        return [path]
+    sweep = read_json(path / SWEEP_FILE)
+    if sweep is not None:
+        return [Path(p["run_dir"]) for p in sweep.get("points", []) if p.get("run_dir")]
+    return sorted(child for child in path.iterdir() if (child / "plan.json").is_file()) if path.is_dir() else []
+
+
+def is_sweep(path: Path) -> bool:
+    return (path / SWEEP_FILE).is_file()
+
+
+class WaitForSweep:
+    """Hydra callback (conf/config.yaml): with `wait=true`, a sweep first submits every point, then waits
+    for all of them here and prints the status table; exit status 1 if any point did not finish."""
+
+    POLL_S = 5.0
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if not config.get("wait") or config.get("dry_run"):
+            return
+        from swiftslurm.runs import FINAL_STATES
+        from swiftslurm.status import collect, render
+
+        path = Path(config.hydra.sweep.dir).resolve()
+        while True:
+            facts, slurm = collect(path)
+            if all(f.state in FINAL_STATES for f in facts):
+                break
+            time.sleep(self.POLL_S)
+        print(render(facts, slurm), flush=True)
+        if any(f.state != "finished" for f in facts):
+            sys.exit(1)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("on_"):  # Hydra calls every hook; only the end of a multirun matters here
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)

@@ -1,0 +1,131 @@
+"""Run facts for `status`: goodput arithmetic, the state decision, metrics, sweep records, the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import status
+from swiftslurm.node.checkpoint import commit
+from swiftslurm.runs import SlurmView, decide_state, gather, goodput, read_metrics, record_submission
+from swiftslurm.sweep import SWEEP_FILE, record_point, run_dirs
+
+
+def attempt(start: float, end: float, first_step_at: float, resume: int, last: int, committed: int) -> dict:
+    return {
+        "start": start,
+        "end": end,
+        "first_step_at": first_step_at,
+        "resume_step": resume,
+        "last_step": last,
+        "committed_step": committed,
+        "hosts": ["a", "b"],
+    }
+
+
+def test_goodput_of_an_uninterrupted_run_is_its_training_share() -> None:
+    # 100 s allocated, 20 s start-up, 80 s training 80 steps, all committed.
+    assert goodput([attempt(0, 100, 20, 0, 80, 80)], nodes=2) == pytest.approx(0.8)
+
+
+def test_goodput_counts_steps_lost_after_the_last_commit_and_restarts_as_waste() -> None:
+    preempted = attempt(0, 100, 20, 0, 80, 60)  # 20 steps after the last commit are lost
+    resumed = attempt(200, 260, 220, 60, 100, 100)  # 20 s start-up again, 40 steps in 40 s
+    value = goodput([preempted, resumed], nodes=2)
+    assert value == pytest.approx((60 + 40) / (100 + 60))
+
+
+def test_goodput_skips_attempts_without_an_end_and_is_none_before_any() -> None:
+    lost = {"start": 0, "end": None, "hosts": ["a"]}
+    assert goodput([lost], nodes=1) is None
+    assert goodput([], nodes=1) is None
+
+
+@pytest.mark.parametrize(
+    ("written", "slurm_state", "cancelled", "expected"),
+    [
+        ("finished", "COMPLETED", False, "finished"),
+        ("running", "RUNNING", False, "running"),
+        ("requeued", "PENDING", False, "requeued"),
+        ("", "PENDING", False, "pending"),
+        ("running", "CANCELLED", True, "cancelled"),
+        ("requeued", "REQUEUED", True, "cancelled"),  # cancelled while waiting to start again
+        ("running", "TIMEOUT", False, "failed"),  # killed before the wrapper could say anything
+        ("running", None, False, "running"),  # SLURM unreachable: the run dir's word
+        ("", None, False, "pending"),
+    ],
+)
+def test_state_combines_the_run_dir_and_slurm(written: str, slurm_state: str | None, cancelled: bool, expected: str):
+    status_json = {"state": written, "why": "x"} if written else {}
+    state, _ = decide_state(status_json, slurm_state, cancelled, submitted=True)
+    assert state == expected
+
+
+def write_run(run_dir: Path, losses: list[float], state: str = "finished") -> None:
+    (run_dir / "output").mkdir(parents=True)
+    plan = {
+        "run_name": run_dir.name,
+        "topology": {"nodes": 2},
+        "batch": {"micro": 1, "grad_accum": 2, "data_parallel": 2},
+    }
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    lines = [
+        {"loss": loss, "global_step/max_steps": f"{i + 1}/{len(losses)}", "train_speed(s/it)": 0.5}
+        for i, loss in enumerate(losses)
+    ]
+    lines.append({"train_runtime": 3.0, "global_step/max_steps": f"{len(losses)}/{len(losses)}"})
+    (run_dir / "output" / "logging.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n{torn")
+    (run_dir / "status.json").write_text(json.dumps({"state": state, "why": "because"}))
+    checkpoint = run_dir / "output" / f"checkpoint-{len(losses)}"
+    checkpoint.mkdir()
+    (checkpoint / "adapter.bin").write_bytes(b"w")
+    commit(checkpoint, world_size=2, swift_version="test")
+    record_submission(run_dir, "42", "slurm")
+
+
+def test_metrics_and_facts_come_from_the_run_dir(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r1"
+    write_run(run_dir, [3.0, 2.5, 2.0])
+    metrics = read_metrics(run_dir)
+    assert (metrics.step, metrics.max_steps, metrics.loss) == (3, 3, 2.0)
+    facts = gather(run_dir, SlurmView(available=True, states={"42": "COMPLETED"}))
+    assert (facts.state, facts.job_id, facts.committed_step, facts.loss) == ("finished", "42", 3, 2.0)
+    assert facts.samples_per_s == pytest.approx(4 / 0.5)  # global batch 4, 0.5 s per step
+
+
+def test_status_table_and_json_for_a_sweep_dir_say_when_slurm_is_unavailable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for i, losses in enumerate(([3.0, 2.0], [3.0, 1.5])):
+        run_dir = tmp_path / "runs" / f"p{i}"
+        write_run(run_dir, losses)
+        record_point(tmp_path / "sweep", {"num": i, "run_dir": str(run_dir), "job_id": "42", "overrides": []})
+    assert run_dirs(tmp_path / "sweep") == [tmp_path / "runs" / "p0", tmp_path / "runs" / "p1"]
+    facts, _ = status.collect(tmp_path / "sweep", use_slurm=False)
+    text = status.render(facts, SlurmView(available=False, error="squeue: cannot reach slurmctld"))
+    assert "p0" in text and "p1" in text and "2 run(s): 2 finished" in text
+    assert "SLURM unavailable (squeue: cannot reach slurmctld)" in text
+    assert status.main([str(tmp_path / "sweep"), "--json", "--no-slurm"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sweep"] is True and [r["loss"] for r in out["runs"]] == [2.0, 1.5]
+
+
+def test_recording_a_point_again_replaces_it(tmp_path: Path) -> None:
+    record_point(tmp_path, {"num": 0, "run_dir": "/r0", "job_id": "1"})
+    record_point(tmp_path, {"num": 0, "run_dir": "/r0", "job_id": "2"})
+    data = json.loads((tmp_path / SWEEP_FILE).read_text())
+    assert [p["job_id"] for p in data["points"]] == ["2"]
+
+
+def test_plots_are_written_for_runs_and_the_sweep(tmp_path: Path) -> None:
+    from swiftslurm.plots import plot_path
+
+    for i in range(2):
+        write_run(tmp_path / "runs" / f"p{i}", [3.0, 2.0 - i])
+        record_point(tmp_path / "sweep", {"num": i, "run_dir": str(tmp_path / "runs" / f"p{i}")})
+    facts, _ = status.collect(tmp_path / "sweep", use_slurm=False)
+    written = plot_path(tmp_path / "sweep", facts)
+    assert tmp_path / "sweep" / "final_loss.png" in written
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written) and len(written) == 5
