@@ -39,6 +39,7 @@ from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlis
 from swiftslurm.node.sync import NodeSync, restore
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.runs import is_cancelled
 from swiftslurm.storage_spec import StorageSpec
 from swiftslurm.tiny import build_tiny_assets
 
@@ -284,7 +285,8 @@ def _conclude(
 ) -> decide.Decision:
     """Leader: classify the attempt, fold it into the run's history, decide, and write it all down."""
     signal_reason = _signal_reason(observed, where, plan)
-    cancelled = bool(observed.signals) and signal_reason is None  # scancel / Ctrl-C
+    # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
+    cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
     hosts = where.hosts or (socket.gethostname(),)
     failed = _failed_host(run_dir / "logs" / attempt, hosts, observed)
     facts = decide.AttemptFacts(
