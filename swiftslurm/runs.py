@@ -157,7 +157,7 @@ def ask_slurm(job_ids: list[str]) -> SlurmView:
 
 
 def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
     if done.returncode != 0 and "Invalid job id" not in done.stderr:
         raise subprocess.SubprocessError(f"`{argv[0]}` failed: {done.stderr.strip() or done.returncode}")
     return done.stdout

@@ -55,6 +55,12 @@ def job_state(job_id: str) -> str:
     return out[0].split()[0] if out else "UNKNOWN"
 
 
+def squeue_state(job: str) -> str:
+    """The job's state in the queue ("PENDING", "RUNNING", ...), or "" once it has left it."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
+    return out.strip()
+
+
 def wait_for_job(job_id: str, timeout_s: float = 600) -> str:
     """Poll sacct until the job reaches a terminal state; return it."""
     deadline = time.monotonic() + timeout_s

@@ -27,6 +27,7 @@ from tests.integration.conftest import (
     LONG,
     attempts,
     preempt_at_steps,
+    squeue_state,
     status,
     submit,
     swiftslurm,
@@ -81,12 +82,6 @@ def remote_store(server: SeaweedServer, run_name: str) -> CheckpointStore:
         addressing_style="path",
     )
     return CheckpointStore(spec)
-
-
-def squeue_state(job: str) -> str:
-    """The job's state in the queue ("PENDING", "RUNNING", ...), or "" once it has left it."""
-    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
-    return out.strip()
 
 
 def files_containing(root: Path, *needles: str) -> list[str]:
