@@ -433,12 +433,14 @@ start_slurmctld() {
 }
 
 # nsenter --net (not `ip netns exec`, which remounts /sys and hides /sys/fs/cgroup), then a
-# fresh UTS namespace so `hostname` in jobs is the node name.
+# fresh UTS namespace so `hostname` in jobs is the node name, and a mount namespace of its own
+# (a slave of the host's: it sees the host's mounts, its own stay inside) so a test can give one
+# node a mount the others lack, e.g. a run dir that node does not share.
 start_slurmd() {
   local node=$1
   # shellcheck disable=SC2016  # $1 is expanded by the inner sh
   start_daemon "slurmd-$node" slurmd nsenter --net="/run/netns/$NS_PREFIX$node" -- \
-    unshare --uts -- sh -c 'hostname "$1" && exec slurmd -D -N "$1"' sh "$node"
+    unshare --uts --mount --propagation slave -- sh -c 'hostname "$1" && exec slurmd -D -N "$1"' sh "$node"
 }
 
 # All nodes responding and schedulable (idle, or busy with jobs).
@@ -567,7 +569,7 @@ cmd_exec() {
   load_settings
   pid_alive "slurmd-$node" || die "slurmd of $node is not running"
   (($# > 0)) || set -- bash
-  exec nsenter --target "$(recorded_pid "slurmd-$node")" --net --uts -- "$@"
+  exec nsenter --target "$(recorded_pid "slurmd-$node")" --net --uts --mount -- "$@"
 }
 
 # Serialises concurrent up/down calls (e.g. two test sessions starting at once).
