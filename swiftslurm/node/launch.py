@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from swiftslurm.node.signals import descendants, send
+from swiftslurm.node.signals import catches, descendants, send
 
 
 def _ignore_save_signal() -> None:
@@ -40,6 +40,7 @@ class Trainer:
                 # install ms-swift's graceful_exit handler over the inherited "ignore".
                 preexec_fn=_ignore_save_signal,
             )
+        self._forwarded: set[int] = set()  # processes sent the save signal while they had a handler for it
 
     @property
     def pid(self) -> int:
@@ -59,6 +60,21 @@ class Trainer:
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to the trainer and every descendant, torchrun's workers in their own sessions too."""
         send([self.proc.pid, *descendants(self.proc.pid)], sig)
+
+    def forward(self, sig: int) -> list[int]:
+        """Send ``sig`` once to each process of the trainer that has a handler for it; return those reached.
+
+        Only a handler acts on it: `swift` and torchrun ignore it, and a process with the default action dies
+        of it. A training worker is such a process again once it is exiting (Python's shutdown restores the
+        default action), so a rank that saved and is exiting while rank 0 still commits must not get it a
+        second time: torchrun would take the dead rank for a failure and stop rank 0 before the commit. Called
+        again, this reaches only processes that installed their handler since (a worker still loading).
+        """
+        targets = [p for p in [self.proc.pid, *descendants(self.proc.pid)] if p not in self._forwarded]
+        targets = [p for p in targets if catches(p, sig)]
+        send(targets, sig)
+        self._forwarded.update(targets)
+        return targets
 
     def kill(self) -> int:
         """KILL everything the trainer started (a hung run cannot be asked politely)."""

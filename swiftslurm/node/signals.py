@@ -64,6 +64,18 @@ def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
     return found
 
 
+def catches(pid: int, signum: int, proc: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` has a handler installed for ``signum`` (the SigCgt mask of /proc/PID/status)."""
+    try:
+        status = (proc / str(pid) / "status").read_text()
+    except OSError:  # exited while we looked
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def send(pids: list[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

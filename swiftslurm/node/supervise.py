@@ -205,8 +205,9 @@ def _train(
             ):
                 # Whatever stop signal came (USR2 from SLURM, TERM from scancel), the workers get USR2: it
                 # makes them save and exit, and torchrun ignores it (TERM would make it SIGKILL them 30 s on).
-                # Re-sent until a checkpoint is committed: a worker may not have had its handler yet.
-                trainer.signal_all(SAVE_SIGNAL)
+                # Re-sent until a checkpoint is committed, but only to processes that handle it and have not
+                # had it yet (a worker still loading); a second one would kill a rank that saved and is exiting.
+                trainer.forward(SAVE_SIGNAL)
                 forwarded_at = now
             watch.poll(now)
             if sync is not None:
