@@ -190,6 +190,17 @@ class Config:
     )
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    preflight: bool = doc(
+        False,
+        "Run the pre-launch checks (docs/operations.md) on the allocation before the first attempt of each job: "
+        "network, master port, shared run dir, model/dataset paths, free disk, GPUs; a failure stops the run.",
+    )
+    preflight_timeout_s: float = doc(60.0, "How long the preflight rendezvous and all-reduce may take, in seconds.")
+    preflight_min_free_gb: float | None = doc(
+        None,
+        "Free disk preflight requires in the output dir, in GB; null = an estimate of one checkpoint from "
+        "`model.params_b` (14 GB per billion parameters for full fine-tuning, 0.2 for LoRA; at least 1).",
+    )
     dry_run: bool = doc(False, "Resolve, validate and print everything; write the run dir; submit nothing.")
     wait: bool = doc(False, "Wait for the job to finish (always true on the local scheduler).")
     swift: dict[str, Any] = doc({}, "Any ms-swift argument, given as `swift.<argument>=<value>`; wins over all.")

@@ -108,6 +108,17 @@ class Resilience:
 
 
 @dataclass(frozen=True)
+class PreflightSpec:
+    """The pre-launch checks (node/preflight.py): a job's first step with `preflight=true`, or on their own
+    with `python -m swiftslurm.preflight RUN_DIR`."""
+
+    enabled: bool = False
+    timeout_s: float = 60.0
+    min_free_gb: float = 1.0  # free disk needed in the output dir
+    local_paths: tuple[str, ...] = ()  # the model and dataset paths every node must see
+
+
+@dataclass(frozen=True)
 class JobPlan:
     """The contract between the login side and every node. Serialised as plan.json."""
 
@@ -131,6 +142,7 @@ class JobPlan:
     keep_checkpoints: int = 0  # committed checkpoints kept; 0 = all
     resilience: Resilience = field(default_factory=Resilience)
     storage: StorageSpec | None = None  # where committed checkpoints are uploaded; never credentials
+    preflight: PreflightSpec = field(default_factory=PreflightSpec)
     version: int = PLAN_VERSION
 
     @property
@@ -232,7 +244,30 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         keep_checkpoints=cfg.keep_checkpoints,
         resilience=Resilience(**vars(cfg.resilience), signal_lead_s=cfg.cluster.signal_lead_s),
         storage=_storage(cfg, run_name),
+        preflight=_preflight(cfg, swift_args),
     )
+
+
+# Bytes per parameter a checkpoint takes: full fine-tuning saves bf16 weights (2) and fp32 Adam state with
+# master weights (12); LoRA saves the adapter and its optimizer state, well under 1 % of the model's size.
+CHECKPOINT_GB_PER_B_PARAMS = {"full": 14.0, "lora": 0.2}
+
+
+def min_free_gb(params_b: float, tuner_type: str) -> float:
+    """Free disk the next checkpoint needs, in GB: an estimate from the model size, at least 1 GB."""
+    per_b = CHECKPOINT_GB_PER_B_PARAMS["full" if tuner_type == "full" else "lora"]
+    return round(max(1.0, params_b * per_b), 1)
+
+
+def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
+    validate.check_preflight(cfg.preflight_timeout_s, cfg.preflight_min_free_gb)
+    need = cfg.preflight_min_free_gb
+    if need is None:
+        need = min_free_gb(cfg.model.params_b, cfg.strategy.tuner_type)
+    # Absolute paths only: hub ids are downloaded, not looked for on the nodes; `#N` picks a subset.
+    paths = [str(swift_args["model"]), *(str(d).split("#")[0] for d in _as_list(swift_args.get("dataset")))]
+    local = tuple(dict.fromkeys(p for p in paths if p.startswith("/")))
+    return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), local)
 
 
 def _storage(cfg: Config, run_name: str) -> StorageSpec | None:

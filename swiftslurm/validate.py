@@ -34,6 +34,15 @@ def check_positive(field: str, value: int) -> None:
         raise ConfigError(f"{field}={value} must be at least 1. HINT: set {field}=1 or more.")
 
 
+def check_preflight(timeout_s: float, min_free_gb: float | None) -> None:
+    if timeout_s <= 0:
+        raise ConfigError(f"preflight_timeout_s={timeout_s} must be positive. HINT: set preflight_timeout_s=60.")
+    if min_free_gb is not None and min_free_gb < 0:
+        raise ConfigError(
+            f"preflight_min_free_gb={min_free_gb} is negative. HINT: set it to 0 or more, or null for the estimate."
+        )
+
+
 def check_choices(cfg: Config) -> None:
     """Enumerated fields, and combinations of group choices that cannot work."""
     _choice("strategy.engine", cfg.strategy.engine, ENGINES)

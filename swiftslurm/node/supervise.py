@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.node import decide, records
+from swiftslurm.node import decide, preflight, preflight_checks, records
 from swiftslurm.node.checkpoint import (
     ResumePoint,
     checkpoint_step,
@@ -108,6 +108,12 @@ def run_node(run_dir_arg: str) -> NodeResult:
     if leader and (stopped := _close_lost_attempt(run_dir, plan, where)) is not None:
         return stopped
     attempt = attempt_id(where)
+    # Once per job, not after a requeue: every node must take the same branch, and SLURM's restart count is
+    # the one fact they all share before the run dir is known to be shared.
+    if plan.preflight.enabled and where.restart_count == 0:
+        failure = _preflight(run_dir, where, attempt)
+        if failure is not None and leader:
+            return _stop_after_preflight(run_dir, where, attempt, failure)
     for retry in range(1, 1 << 30):
         resume = _agree_on_resume(plan, run_dir / "logs" / attempt, leader)
         sync = NodeSync(plan.storage, run_dir, plan.output_dir) if leader and plan.storage else None
@@ -416,6 +422,30 @@ def _close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeRe
         return None
     records.write_status(run_dir, "failed", reason=reason.value, why=decision.why, job_id=where.job_id)
     return NodeResult(0, socket.gethostname(), 1, "", None, decision.action.value, decision.why)
+
+
+def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
+    """Run the checks on every node; node 0 gets the first failure of the whole allocation (None: passed)."""
+    result = preflight.run(preflight.context(run_dir, where, attempt, None, None))
+    print(preflight.show(result), flush=True)
+    return result.first_failure() if isinstance(result, preflight_checks.Report) else None
+
+
+def _stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: str) -> NodeResult:
+    """Record the failed preflight as this attempt (no training ran, no requeue) and tell the other nodes."""
+    why = f"preflight failed: {failure} (report: {run_dir / preflight.PREFLIGHT_DIR / attempt / preflight.REPORT})"
+    reason = decide.Reason.INFRA.value
+    now = round(time.time(), 3)
+    hosts = list(where.hosts) or [socket.gethostname()]
+    record: dict[str, object] = {"attempt": attempt, "job_id": where.job_id, "hosts": hosts}
+    record |= {"start": now, "end": now, "preflight": "failed", "progressed": False, "reason": reason}
+    records.append_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
+    records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
+    resume_file = run_dir / "logs" / attempt / RESUME_FILE
+    resume_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(resume_file, {"checkpoint": None, "step": 0, "error": why})  # the others stop waiting
+    print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)
+    return NodeResult(0, socket.gethostname(), 1, "", None, decide.Action.STOP.value, why)
 
 
 def _requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoReturn:

@@ -1,0 +1,173 @@
+"""Preflight: the judging of facts (pure), the report, the plan's preflight facts, the checks-only sbatch script,
+and one real run of the checks on this machine (one node: port, run dir, paths, disk, gloo all-reduce)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import preflight as login_preflight
+from swiftslurm.errors import ConfigError
+from swiftslurm.node import preflight
+from swiftslurm.node import preflight_checks as pc
+from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.plan import PlanContext, make_plan, min_free_gb
+from tests.conftest import compose_config, plan_for
+
+
+def test_unreachable_master_port_names_the_address_the_error_and_the_fix() -> None:
+    check = pc.port_reachable("node1", 12345, "connect timeout", 20.4)
+    assert not check.ok
+    assert check.message.startswith("cannot reach node1:12345 (connect timeout; tried for 20 s). HINT: open TCP")
+    assert "NCCL_SOCKET_IFNAME" in check.hint
+
+
+def test_first_failure_is_the_cause_not_its_consequences() -> None:
+    dist = pc.skipped("torch.distributed all-reduce", "node2 did not reach the master port")
+    node0 = pc.NodeReport(0, "node1", (pc.port_free("node1", 1, None), dist))
+    node1 = pc.NodeReport(1, "node2", (pc.port_reachable("node1", 1, "Connection refused", 3),))
+    report = pc.assemble("7", [node1, node0])
+    assert [n.host for n in report.nodes] == ["node1", "node2"]
+    assert report.first_failure() == f"node2: {node1.checks[0].message}"
+    assert len(report.failures()) == 2 and not report.ok
+
+
+@pytest.mark.parametrize(
+    ("free_gb", "need_gb", "ok"),
+    [(10.0, 10.0, True), (9.9, 10.0, False), (0.5, 1.0, False), (500.0, 112.0, True)],
+)
+def test_free_disk_threshold(free_gb: float, need_gb: float, ok: bool) -> None:
+    check = pc.free_disk("/scratch/run", int(free_gb * 1e9), need_gb)
+    assert check.ok is ok
+    assert check.detail.startswith(f"{free_gb:.1f} GB free in /scratch/run, {need_gb:.1f} GB needed")
+    assert ok or "keep_checkpoints" in check.hint
+
+
+@pytest.mark.parametrize(
+    ("params_b", "tuner", "need"),
+    [(0.0, "lora", 1.0), (8.0, "lora", 1.6), (8.0, "full", 112.0), (72.0, "full", 1008.0), (0.5, "full", 7.0)],
+)
+def test_free_disk_estimate_is_one_checkpoint_of_the_model(params_b: float, tuner: str, need: float) -> None:
+    assert min_free_gb(params_b, tuner) == need
+
+
+@pytest.mark.parametrize(
+    ("planned", "seen", "ok", "text"),
+    [
+        (0, None, True, "no GPUs planned"),
+        (8, 8, True, "8 visible, 8 planned"),
+        (8, 4, False, "4 GPU(s) visible, 8 planned"),
+        (4, None, False, "cannot count GPUs"),
+    ],
+)
+def test_gpu_count_against_the_plan(planned: int, seen: int | None, ok: bool, text: str) -> None:
+    check = pc.gpus(planned, seen, "0,1,2,3", "no torch")
+    assert check.ok is ok and text in check.detail
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "ok"),
+    [([3.0, 2.0], None, True), ([2.0, 2.0], None, False), (None, "DistStoreError: timed out", False)],
+)
+def test_all_reduce_sum_is_checked(result: list[float] | None, error: str | None, ok: bool) -> None:
+    check = pc.distributed("gloo", 2, result, error)
+    assert check.ok is ok
+    assert ok or "HINT" in check.message
+
+
+def test_token_not_visible_says_the_run_dir_is_not_shared() -> None:
+    check = pc.token_visible("node3", "node1", "/runs/x/preflight/5/rank0.token", False, 6.7)
+    assert not check.ok
+    assert "node3 cannot see /runs/x/preflight/5/rank0.token, written by node1, after 7 s" in check.detail
+    assert check.hint.startswith("HINT: put run_dir on a filesystem every node mounts")
+
+
+def test_missing_peer_is_a_consequence_only_when_its_own_report_says_why() -> None:
+    assert pc.peer_missing("node1", 5, 20, reported=True).consequence
+    alone = pc.peer_missing("node1", 5, 20, reported=False)
+    assert not alone.consequence and "job log" in alone.hint
+
+
+def test_node_report_round_trips_through_json() -> None:
+    report = pc.NodeReport(1, "gpu-a07", (pc.local_path("/data/x.jsonl", False),), "GPU0 X NV18")
+    assert pc.NodeReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+def test_table_has_one_row_per_check_and_a_verdict() -> None:
+    report = pc.assemble("9", [pc.NodeReport(0, "n1", (pc.gpus(0, None, None), pc.local_path("/m", False)))])
+    lines = pc.render_table(report).splitlines()
+    assert lines[0].split() == ["host", "check", "result", "detail"]
+    assert "FAILED" in lines[2] and "/m does not exist on this node. HINT:" in lines[2]
+    assert lines[-1].startswith("preflight FAILED (1 check(s)): n1: /m does not exist")
+
+
+def test_plan_carries_preflight_switch_paths_and_disk_estimate() -> None:
+    plan = plan_for(
+        "model=qwen3-8b",
+        "strategy=zero3",
+        "strategy.tuner_type=full",
+        "dataset=['/data/sft.jsonl#500',AI-ModelScope/alpaca-gpt4-data-en]",
+        "preflight=true",
+    )
+    assert plan.preflight.enabled and plan.preflight.timeout_s == 60.0
+    assert plan.preflight.local_paths == ("/data/sft.jsonl",)  # hub ids are downloaded, not looked for
+    params_b = compose_config("model=qwen3-8b").model.params_b
+    assert plan.preflight.min_free_gb == min_free_gb(params_b, "full") > 100
+    assert plan_for("preflight_min_free_gb=5").preflight.min_free_gb == 5.0
+
+
+def test_tiny_plan_checks_the_built_model_and_dataset() -> None:
+    paths = plan_for().preflight.local_paths
+    assert len(paths) == 2 and all(p.startswith("/shared/cache/swiftslurm/") for p in paths)
+
+
+def test_nonpositive_preflight_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"preflight_timeout_s=0.0 must be positive\. HINT"):
+        plan_for("preflight_timeout_s=0")
+
+
+def test_checks_only_job_asks_for_the_training_allocation_with_a_short_limit() -> None:
+    plan = plan_for("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3")
+    script = login_preflight.render_preflight_sbatch(plan, 60.0)
+    assert "#SBATCH --job-name=preflight-" in script and "#SBATCH --nodes=2" in script
+    assert "#SBATCH --gpus-per-node=" in script and "#SBATCH --time=4" in script
+    for absent in ("--signal", "--requeue", "--open-mode"):
+        assert absent not in script
+    assert "srun --ntasks-per-node=1 --kill-on-bad-exit=0" in script
+    assert f"-m swiftslurm.node.preflight {plan.run_dir} --port-base 10000 --timeout 60.0" in script
+
+
+def free_port(start: int) -> int:
+    for port in range(start, 32768):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below 32768")
+
+
+def test_checks_pass_on_this_machine(tmp_path: Path) -> None:
+    """A real run on one node: binds the port, writes the token, finds the paths, all-reduces over gloo."""
+    model, data = tmp_path / "model", tmp_path / "train.jsonl"
+    model.mkdir()
+    data.write_text("{}\n")
+    cfg = compose_config(f"run_dir={tmp_path / 'run'}", f"model.id={model}", f"dataset=[{data}]")
+    plan = make_plan(cfg, PlanContext(cwd=tmp_path))
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(plan.to_json())
+    where = SlurmEnv.local({})
+    # Outside SLURM the port is the base itself: a free one below the kernel's ephemeral range, so that no
+    # outgoing connection of another test takes it between the checks.
+    ctx = preflight.context(run_dir, where, "t1", free_port(28000 + os.getpid() % 4000), None)
+    report = preflight.run(ctx)
+    assert isinstance(report, pc.Report)
+    assert report.ok, pc.render_table(report)
+    assert str(model) in pc.render_table(report)
+    assert json.loads((run_dir / "preflight" / "t1" / "report.json").read_text())["ok"] is True
