@@ -9,8 +9,11 @@ Per strategy and pair, two runs on the same GPUs, one after the other, in altern
   bench/gpu_common.py), which starts `swift sft` with swiftslurm's callbacks (graceful_exit, commit) and
   plugin, watches it, and commits every checkpoint (checksums, manifest).
 - **direct**: the `swift sft` command a user would type for the same plan, i.e. the same arguments without
-  swiftslurm's callbacks and plugin, with the same environment (srun's, the plan's, the rank variables),
-  started directly.
+  swiftslurm's callbacks and plugin, with the same environment the wrapper gives its trainer (srun's, the
+  plan's, the rank variables), started directly.
+- **direct-callbacks** (only with `--arms`): the plan's exact command, callbacks and plugin included, started
+  directly: swiftslurm ÷ this is the wrapper process alone, this ÷ direct the callbacks (graceful_exit's
+  per-step all-reduce, the commit's barrier and checksums).
 
 Both read ms-swift's own log (`output/logging.jsonl`): samples/s and tokens/s over the steps after
 warm-up up to the mid-run save (`train`), over the same start to the last step (`train+save`: the mid-run
@@ -46,7 +49,6 @@ from gpu_common import (
     plan_run,
     read_jsonl,
     spread,
-    srun_env,
     step_entries,
     window_throughput,
 )
@@ -59,7 +61,7 @@ STRATEGIES = {
     "ddp": ("strategy=ddp", "strategy.tuner_type=full"),
     "zero3": ("strategy=zero3", "strategy.tuner_type=full"),
 }
-ARMS = ("swiftslurm", "direct")
+ARMS = ("swiftslurm", "direct", "direct-callbacks")
 FIRST_GUESS_S = 150.0  # a run's length before one has been measured
 
 
@@ -99,17 +101,26 @@ def run_one(args: argparse.Namespace, strategy: str, arm: str, pair: int, job_id
     hosts = ["127.0.0.1"] if args.cpu else hosts_for(["gpu-n0"])
     gpus = [] if args.cpu else list(range(args.gpus))
     record: dict[str, Any] = {"strategy": strategy, "arm": arm, "pair": pair, "job_id": job_id}
+    job = FakeJob(job_id, hosts, [gpus], root / "slurm", env)
     started = time.time()
     with GpuMemorySampler() as sampler:
         if arm == "swiftslurm":
-            job = FakeJob(job_id, hosts, [gpus], root / "slurm", env)
             job.start(run_dir, root)
             codes = [p.wait() for p in job.procs]
         else:
-            where_env = srun_env(job_id=job_id, nodelist=hosts[0], hosts=hosts, node_id=0, gpus=gpus)
-            where = SlurmEnv.from_environ(where_env)
-            argv = plain_swift_argv(swift_command(plan), str(SWIFT_PLUGIN))
-            trainer_env = {**env, **where_env, **dict(plan.env), **rank_env(where, plan)}
+            # Exactly what the wrapper gives its trainer (supervise._trainer_env), from the same srun environment.
+            node_env = job.node_env(0)
+            where = SlurmEnv.from_environ(node_env)
+            argv = swift_command(plan)
+            if arm == "direct":
+                argv = plain_swift_argv(argv, str(SWIFT_PLUGIN))
+            trainer_env = {
+                **node_env,
+                **dict(plan.env),
+                **rank_env(where, plan),
+                "SWIFTSLURM_RUN_DIR": str(run_dir),
+                "SWIFTSLURM_KEEP_CHECKPOINTS": str(plan.keep_checkpoints),
+            }
             with open(root / "direct.log", "wb") as log:
                 codes = [subprocess.call(argv, env=trainer_env, cwd=run_dir, stdout=log, stderr=subprocess.STDOUT)]
             record["argv"] = argv
@@ -154,9 +165,9 @@ def _step(entry: dict[str, Any]) -> int:
     return int(str(entry["global_step/max_steps"]).split("/")[0])
 
 
-def order(pair: int) -> tuple[str, str]:
-    """ABBA: swiftslurm first in even pairs, direct first in odd ones, so drift hits both alike."""
-    return ARMS if pair % 2 == 0 else (ARMS[1], ARMS[0])
+def order(pair: int, arms: list[str]) -> list[str]:
+    """ABBA: the arms in the given order in even pairs, reversed in odd ones, so drift hits all alike."""
+    return list(arms) if pair % 2 == 0 else list(reversed(arms))
 
 
 def main() -> None:
@@ -166,6 +177,7 @@ def main() -> None:
     parser.add_argument("--runs", default="/tmp/gpu-overhead")
     parser.add_argument("--strategies", default="ddp,zero3")
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--arms", default="swiftslurm,direct", help=f"from {', '.join(ARMS)}; swiftslurm first")
     parser.add_argument("--first-pair", type=int, default=0, help="index of the first pair (ABBA order, job ids)")
     parser.add_argument("--deadline-at", type=float, default=0.0, help="start no pair that would end after this")
     parser.add_argument("--gpus", type=int, default=2)
@@ -184,16 +196,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "versions.json").write_text(json.dumps(package_versions(VERSIONED), indent=1) + "\n")
     strategies = args.strategies.split(",")
+    arms = args.arms.split(",")
     longest: dict[str, float] = {}
     records = []
     for pair in range(args.first_pair, args.first_pair + args.pairs):
         for strategy in strategies:
-            need = 2 * longest.get(strategy, FIRST_GUESS_S)
+            need = len(arms) * longest.get(strategy, FIRST_GUESS_S)
             if args.deadline_at and time.time() + need > args.deadline_at:
                 print(f"[overhead] skipping {strategy} pair {pair}: {need:.0f} s would pass the deadline", flush=True)
                 continue
-            for arm in order(pair):
-                job_id = 9000 + 10 * pair + 2 * strategies.index(strategy) + ARMS.index(arm)
+            for arm in order(pair, arms):
+                job_id = 9000 + 10 * pair + len(ARMS) * strategies.index(strategy) + ARMS.index(arm)
                 record = run_one(args, strategy, arm, pair, job_id)
                 longest[strategy] = max(longest.get(strategy, 0.0), record["wall_s"])
                 records.append(record)
@@ -204,40 +217,44 @@ def main() -> None:
 
 
 def summarize(records: list[dict[str, Any]]) -> str:
-    """Ratio table (swiftslurm ÷ direct per pair; min / median / max) and the absolute figures."""
+    """Ratio table (swiftslurm ÷ each other arm, per pair; min / median / max) and the absolute figures."""
     lines = [
-        "| strategy | metric | pairs | ratio min | ratio median | ratio max | swiftslurm median | direct median |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| strategy | versus | metric | pairs | ratio min | ratio median | ratio max "
+        "| swiftslurm median | other median |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    metrics = (
-        ("samples/s, train", ("train", "samples_per_s")),
-        ("tokens/s, train", ("train", "tokens_per_s")),
-        ("samples/s, train+save", ("train_save", "samples_per_s")),
-        ("tokens/s, train+save", ("train_save", "tokens_per_s")),
-        ("samples/s, whole run (ms-swift)", ("run", "samples_per_s")),
-        ("wall s, start to exit", ("wall_s",)),
-        ("peak memory GiB (ms-swift, rank 0)", ("memory_gib",)),
-        ("peak memory MiB (nvidia-smi, GPU 0)", ("gpu_peak_mib", "0")),
-        ("peak memory MiB (nvidia-smi, GPU 1)", ("gpu_peak_mib", "1")),
-    )
     for strategy in sorted({r["strategy"] for r in records}):
         by_pair: dict[int, dict[str, dict[str, Any]]] = {}
         for r in records:
             if r["strategy"] == strategy and all(c == 0 for c in r["exit_codes"]):
                 by_pair.setdefault(r["pair"], {})[r["arm"]] = r
-        pairs = [p for p in by_pair.values() if set(p) == set(ARMS)]
-        for label, path in metrics:
-            values = [(_get(p["swiftslurm"], path), _get(p["direct"], path)) for p in pairs]
-            values = [(a, b) for a, b in values if a is not None and b is not None and b != 0]
-            if not values:
-                continue
-            ratios = spread([a / b for a, b in values])
-            ours, theirs = spread([a for a, _ in values]), spread([b for _, b in values])
-            lines.append(
-                f"| {strategy} | {label} | {ratios['n']} | {ratios['min']:.3f} | {ratios['median']:.3f} | "
-                f"{ratios['max']:.3f} | {ours['median']:.4g} | {theirs['median']:.4g} |"
-            )
+        for other in ARMS[1:]:
+            pairs = [p for p in by_pair.values() if "swiftslurm" in p and other in p]
+            for label, path in METRICS:
+                values = [(_get(p["swiftslurm"], path), _get(p[other], path)) for p in pairs]
+                values = [(a, b) for a, b in values if a is not None and b is not None and b != 0]
+                if not values:
+                    continue
+                ratios = spread([a / b for a, b in values])
+                ours, theirs = spread([a for a, _ in values]), spread([b for _, b in values])
+                lines.append(
+                    f"| {strategy} | {other} | {label} | {ratios['n']} | {ratios['min']:.3f} | "
+                    f"{ratios['median']:.3f} | {ratios['max']:.3f} | {ours['median']:.4g} | {theirs['median']:.4g} |"
+                )
     return "\n".join(lines)
+
+
+METRICS = (
+    ("samples/s, train", ("train", "samples_per_s")),
+    ("tokens/s, train", ("train", "tokens_per_s")),
+    ("samples/s, train+save", ("train_save", "samples_per_s")),
+    ("tokens/s, train+save", ("train_save", "tokens_per_s")),
+    ("samples/s, whole run (ms-swift)", ("run", "samples_per_s")),
+    ("wall s, start to exit", ("wall_s",)),
+    ("peak memory GiB (ms-swift, rank 0)", ("memory_gib",)),
+    ("peak memory MiB (nvidia-smi, GPU 0)", ("gpu_peak_mib", "0")),
+    ("peak memory MiB (nvidia-smi, GPU 1)", ("gpu_peak_mib", "1")),
+)
 
 
 def _get(record: dict[str, Any], path: tuple[str, ...]) -> float | None:
