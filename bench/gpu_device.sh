@@ -2,7 +2,8 @@
 # One call on the lent GPU machine (docs/gpu.md). Installs the wheels carried in .whl/ into /tmp/site, builds
 # the 0.44B random Qwen3 into /tmp/gpu-assets (both only once per machine), then runs the steps named:
 #
-#   bash bench/gpu_device.sh BUDGET_S STEP...      STEP: preflight | matrix[=CASE,CASE] | overhead=FIRST_PAIR:PAIRS
+#   [OVERHEAD_ARGS="--max-steps 80 ..."] bash bench/gpu_device.sh BUDGET_S STEP...
+#   STEP: preflight | matrix[=CASE,CASE] | overhead=FIRST_PAIR:PAIRS (OVERHEAD_ARGS: more bench/gpu_overhead.py options)
 #
 # Results go to $OUT (at most 8 files come back): device.log, preflight.json, matrix.json, overhead.jsonl,
 # versions.json and the run logs as .tgz. No overhead pair starts that would end after BUDGET_S.
@@ -51,8 +52,9 @@ for step in "$@"; do
       ;;
     overhead=*)
       spec=${step#overhead=}
+      read -ra extra <<<"${OVERHEAD_ARGS:-}"
       python3 bench/gpu_overhead.py "${common[@]}" --first-pair "${spec%:*}" --pairs "${spec#*:}" \
-        --runs "$runs/gpu-overhead" --deadline-at "$deadline"
+        --runs "$runs/gpu-overhead" --deadline-at "$deadline" "${extra[@]}"
       tar -czf "$out/overhead-logs.tgz" --exclude=output "$runs/gpu-overhead" 2>/dev/null
       ;;
     *) echo "unknown step $step" ;;
