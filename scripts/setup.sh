@@ -20,5 +20,14 @@ pip install -q torch==2.13.0
 pip install -q -c constraints.txt 'ms-swift==4.6.0'
 # deepspeed compiles nothing with DS_BUILD_OPS=0; --no-build-isolation lets it see our torch.
 DS_BUILD_OPS=0 pip install -q -c constraints.txt --no-build-isolation 'deepspeed==0.18.9'
+# DeepSpeed compiles its CPU ops (Adam, shared-memory all-reduce) on first use, under a lock file in
+# ~/.cache/torch_extensions. A job killed mid-build (preempted, cancelled) leaves the lock behind and every
+# later DeepSpeed job waits on it for ever: build them here, once, so jobs never do.
+"$VENV/bin/python" - <<'PY'
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+
+for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
+    builder.load(verbose=False)
+PY
 pip install -q -c constraints.txt -e '.[dev]'
 "$VENV/bin/python" -c 'import torch, swift, deepspeed, submitit, hydra, boto3; print("setup ok: torch", torch.__version__)'
