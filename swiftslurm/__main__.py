@@ -127,6 +127,9 @@ def run(cfg: DictConfig) -> int:
     if plan.tiny_cache:
         tiny.build_tiny_assets(Path(plan.tiny_cache))
     (run_dir / CANCELLED_FILE).unlink(missing_ok=True)  # submitting again is resuming
+    if sweep is not None and cfg.array_parallelism and plan.scheduler == "slurm":
+        _record_point(sweep, plan, "planned")  # the end of the sweep submits the array (sweep.SweepCallback)
+        return 0
     job = submit.submit(plan)
     record_submission(run_dir, str(job.job_id), plan.scheduler)
     _record_point(sweep, plan, "submitted", str(job.job_id))

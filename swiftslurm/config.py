@@ -203,6 +203,11 @@ class Config:
     )
     dry_run: bool = doc(False, "Resolve, validate and print everything; write the run dir; submit nothing.")
     wait: bool = doc(False, "Wait for the job to finish (always true on the local scheduler).")
+    array_parallelism: int = doc(
+        0,
+        "In a `-m` sweep on SLURM: 0 submits one job per point; N submits all points as one job array with at "
+        "most N running at once (`--array=...%N`).",
+    )
     swift: dict[str, Any] = doc({}, "Any ms-swift argument, given as `swift.<argument>=<value>`; wins over all.")
 
 

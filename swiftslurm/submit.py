@@ -88,10 +88,10 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
     return params | {k: v for k, v in optional.items() if v is not None}
 
 
-def make_executor(plan: JobPlan) -> submitit.AutoExecutor:
+def make_executor(plan: JobPlan, folder: Path | None = None) -> submitit.AutoExecutor:
     import submitit
 
-    folder = Path(plan.run_dir) / "submitit"
+    folder = folder or Path(plan.run_dir) / "submitit"
     if plan.scheduler == "local":
         executor = submitit.AutoExecutor(folder=folder, cluster="local")
     else:
@@ -129,5 +129,25 @@ def submit(plan: JobPlan) -> submitit.Job[Any]:
     executor = make_executor(plan)
     try:
         return executor.submit(submitit_entry, plan.run_dir)
+    except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
+        raise SubmitError(f"Submission failed: {err}".strip()) from err
+
+
+def submit_array(plans: list[JobPlan], folder: Path, parallelism: int) -> list[submitit.Job[Any]]:
+    """Submit runs that ask for the same allocation as one SLURM job array (one sbatch), at most
+    ``parallelism`` of them running at once (`--array=0-N%parallelism`). Each task is an ordinary run:
+    its own run dir, its own job id (`<array>_<i>`), requeued and resumed on its own."""
+    from swiftslurm.node.supervise import submitit_entry
+
+    first = plans[0]
+    if any(executor_parameters(p) | {"name": ""} != executor_parameters(first) | {"name": ""} for p in plans):
+        raise SubmitError("an array's runs must ask for the same allocation; submit them as separate jobs.")
+    check_cluster(first)
+    for plan in plans:
+        check_storage(plan)
+    executor = make_executor(first, folder)
+    executor.update_parameters(slurm_array_parallelism=parallelism)
+    try:
+        return list(executor.map_array(submitit_entry, [p.run_dir for p in plans]))
     except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
         raise SubmitError(f"Submission failed: {err}".strip()) from err

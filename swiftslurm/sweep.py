@@ -8,6 +8,7 @@ on its own. Running the same sweep again skips the points that are finished or s
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -46,19 +47,50 @@ def is_sweep(path: Path) -> bool:
     return (path / SWEEP_FILE).is_file()
 
 
-class WaitForSweep:
-    """Hydra callback (conf/config.yaml): with `wait=true`, a sweep first submits every point, then waits
-    for all of them here and prints the status table; exit status 1 if any point did not finish."""
+def submit_planned(sweep_dir: Path, parallelism: int) -> list[str]:
+    """Submit the points recorded as `planned` as job arrays (one per distinct allocation), record their
+    job ids in each run dir and in sweep.json, and return them."""
+    from swiftslurm import submit
+    from swiftslurm.plan import JobPlan
+    from swiftslurm.runs import record_submission
+
+    data = read_json(sweep_dir / SWEEP_FILE) or {}
+    planned = [p for p in data.get("points", []) if p.get("action") == "planned"]
+    groups: dict[str, list[tuple[dict[str, Any], JobPlan]]] = {}
+    for point in planned:
+        plan = JobPlan.load(Path(point["run_dir"]) / "plan.json")
+        key = json.dumps(submit.executor_parameters(plan) | {"name": ""}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append((point, plan))
+    job_ids = []
+    for members in groups.values():
+        jobs = submit.submit_array([plan for _, plan in members], sweep_dir / "submitit", parallelism)
+        for (point, plan), job in zip(members, jobs, strict=True):
+            record_submission(Path(plan.run_dir), str(job.job_id), plan.scheduler)
+            record_point(sweep_dir, {**point, "job_id": str(job.job_id), "action": "submitted"})
+            job_ids.append(str(job.job_id))
+    if job_ids:
+        print(f"submitted {len(job_ids)} point(s) as job array(s) {sorted({j.split('_')[0] for j in job_ids})}")
+    return job_ids
+
+
+class SweepCallback:
+    """Hydra callback (conf/config.yaml), at the end of a `-m` sweep: submits the points planned for a job
+    array (`array_parallelism=N`), then, with `wait=true`, waits for every point and prints the status
+    table; exit status 1 if any point did not finish."""
 
     POLL_S = 5.0
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        if not config.get("wait") or config.get("dry_run"):
+        if config.get("dry_run"):
+            return
+        path = Path(config.hydra.sweep.dir).resolve()
+        if config.get("array_parallelism"):
+            submit_planned(path, int(config.array_parallelism))
+        if not config.get("wait"):
             return
         from swiftslurm.runs import FINAL_STATES
         from swiftslurm.status import collect, render
 
-        path = Path(config.hydra.sweep.dir).resolve()
         while True:
             facts, slurm = collect(path)
             if all(f.state in FINAL_STATES for f in facts):

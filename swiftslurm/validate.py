@@ -56,6 +56,8 @@ def check_choices(cfg: Config) -> None:
     _check_launcher_matches_engine(cfg)
     _check_storage(cfg)
     _check_no_secrets(cfg.cluster.env)
+    if cfg.array_parallelism < 0:
+        raise ConfigError(f"array_parallelism={cfg.array_parallelism}: 0 (a job per point) or the most points at once.")
     _check_needs_gpus(cfg)
     _check_vllm(cfg)
     if cfg.cluster.scheduler == "local" and cfg.cluster.nodes != 1:
