@@ -1,0 +1,111 @@
+"""Sweeps and operating runs on the real SLURM cluster with real ms-swift: a 4-point sweep that returns at
+once, one point preempted and requeued alone, `wait=true` re-running the sweep to wait for it, status
+(table, JSON, plots), `cancel` of a running run, and status with SLURM unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import attempts, current_step, squeue_state, submit, wait_for_job, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SWEEP = (
+    "-m",
+    "+cluster=local-slurm",
+    "swift.learning_rate=1e-4,2e-4",
+    "strategy=ddp,zero2",  # the two multi-process strategies that train on CPUs
+    "swift.max_steps=20",
+    "swift.save_steps=10",
+)
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "swiftslurm", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def status_json(path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = cli("status", str(path), "--json", cwd=path.parent, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(tmp_path: Path, slurm_cluster: None):
+    done = cli(*SWEEP, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    jobs = re.findall(r"submitted job (\d+)", done.stdout)
+    assert len(jobs) == 4, done.stdout
+    # It returned while the jobs are still queued or running: the login node is not held.
+    assert any(squeue_state(job) in ("PENDING", "RUNNING") for job in jobs)
+    [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
+    runs = [Path(p["run_dir"]) for p in json.loads((sweep_dir / "sweep.json").read_text())["points"]]
+    assert len(runs) == 4 and len(set(runs)) == 4
+
+    # Preempt one point mid-training.
+    victim, victim_job = runs[0], jobs[0]
+    wait_until(lambda: current_step(victim) >= 5, 600, "the first point to train")
+    subprocess.run(["scancel", "--signal=USR2", victim_job], check=True)
+
+    # The same sweep again, waiting: nothing is resubmitted; it waits for every point and prints the table.
+    again = cli(*SWEEP, "wait=true", cwd=tmp_path, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "submitted job" not in again.stdout
+    assert "4 run(s): 4 finished" in again.stdout
+
+    report = status_json(sweep_dir)
+    assert [r["state"] for r in report["runs"]] == ["finished"] * 4
+    assert all(r["loss"] is not None and r["committed_step"] == 20 for r in report["runs"])
+    assert report["runs"][0]["attempt_reasons"] == ["preempted→requeue", "finished→done"]
+    assert all(r["attempts"] == 1 for r in report["runs"][1:])  # only the preempted point was requeued
+    assert all(wait_for_job(job) == "COMPLETED" for job in jobs)
+
+    plotted = cli("status", str(sweep_dir), "--plot", cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr
+    assert (sweep_dir / "final_loss.png").read_bytes().startswith(b"\x89PNG")
+    assert all((run / "loss.png").is_file() for run in runs)
+
+
+def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_path: Path, slurm_cluster: None):
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, "swift.max_steps=400", "swift.save_steps=50")
+    wait_until(lambda: current_step(run_dir) >= 10, 300, "training to start")
+    cancelled = cli("cancel", str(run_dir), cwd=tmp_path)
+    assert cancelled.returncode == 0 and f"cancelled job {job}" in cancelled.stdout, cancelled.stderr
+    assert wait_for_job(job) == "CANCELLED"  # sacct says so at once; the wrapper still has KillWait to record
+    wait_until(lambda: len(attempts(run_dir)) > 0, 60, "the cancelled attempt's record")
+    [record] = attempts(run_dir)  # not requeued
+    assert record["decision"] == "stop" and "cancelled" in record["why"]
+    assert record["committed_step"] == record["last_step"] >= 10  # it saved the step it was at
+    assert status_json(run_dir)["runs"][0]["state"] == "cancelled"
+
+    # SLURM unreachable (no controller configuration): the run directory alone still answers, and says so.
+    offline = cli("status", str(run_dir), cwd=tmp_path, env={"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
+    assert offline.returncode == 0, offline.stderr
+    assert "cancelled" in offline.stdout and "SLURM unavailable" in offline.stdout, offline.stdout
+    report = status_json(run_dir, env={"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
+    assert report["slurm"]["available"] is False and report["runs"][0]["state"] == "cancelled"
+
+    # A cancelled run is not requeued by anything, but `resume` brings it back from its checkpoint.
+    resumed = cli("resume", str(run_dir), cwd=tmp_path)
+    assert resumed.returncode == 0 and "resubmitted as job" in resumed.stdout, resumed.stderr
+    new_job = re.search(r"resubmitted as job (\d+)", resumed.stdout)
+    assert new_job is not None
+    wait_until(lambda: len(attempts(run_dir)) == 2 or current_step(run_dir) > record["last_step"], 300, "resume")
+    subprocess.run(["scancel", new_job.group(1)], check=True)
+    wait_for_job(new_job.group(1))
+    assert attempts(run_dir)[-1]["resume_step"] == record["committed_step"]
