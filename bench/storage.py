@@ -531,7 +531,8 @@ class TrainingRun:
     wall_s: float  # the whole `python -m swiftslurm` (start-up, restore check, final upload wait included)
     committed: int  # checkpoints committed locally
     uploaded: int  # of those, with a manifest in the store after the run
-    cpu_s: float  # CPU seconds of the run's processes (wrapper, uploads, ms-swift) and of the S3 server
+    cpu_s: float  # CPU seconds of the run's processes: wrapper (uploads included), ms-swift
+    server_cpu_s: float  # CPU seconds of the S3 server meanwhile (on this machine here; elsewhere in production)
     others_cpu_s: float  # CPU seconds of everything else on the machine meanwhile (noise)
 
     @property
@@ -559,8 +560,9 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every descendant: each was waited for by its parent
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime + cpu_seconds(pid) - server
-    others = busy_cpu_seconds() - busy - cpu
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    server = cpu_seconds(pid) - server
+    others = busy_cpu_seconds() - busy - cpu - server
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     output = run_dir / "output"
@@ -573,14 +575,14 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
 
         pages = s3_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/")
         uploaded = sum(item["Key"].endswith(MANIFEST) for page in pages for item in page.get("Contents", []))
-    return TrainingRun(sync, repeat, runtime, args.steps, wall, committed, uploaded, cpu, others)
+    return TrainingRun(sync, repeat, runtime, args.steps, wall, committed, uploaded, cpu, server, others)
 
 
 def training_table(runs: list[TrainingRun]) -> str:
     lines = [
         "| background sync | runs | step time s min | median | max | wall s median | run CPU s median "
-        "| others' CPU s median (max) | checkpoints committed / uploaded |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| S3 server CPU s median | others' CPU s median (max) | checkpoints committed / uploaded |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for sync in ("off", "on"):
         group = [r for r in runs if r.sync == sync]
@@ -588,6 +590,7 @@ def training_table(runs: list[TrainingRun]) -> str:
         lines.append(
             f"| {sync} | {len(group)} | {min(steps):.4f} | {statistics.median(steps):.4f} | {max(steps):.4f} | "
             f"{statistics.median(r.wall_s for r in group):.1f} | {statistics.median(r.cpu_s for r in group):.1f} | "
+            f"{statistics.median(r.server_cpu_s for r in group):.1f} | "
             f"{statistics.median(r.others_cpu_s for r in group):.1f} ({max(r.others_cpu_s for r in group):.1f}) | "
             f"{sum(r.committed for r in group)} / {sum(r.uploaded for r in group) if sync == 'on' else '-'} |"
         )
@@ -615,7 +618,8 @@ def training(args: argparse.Namespace) -> None:
                     print(
                         f"sync {sync:3s} #{repeat}: {run.step_s:.4f} s/step (train_runtime "
                         f"{run.train_runtime_s:.1f} s, wall {run.wall_s:.1f} s, {run.committed} committed, "
-                        f"{run.uploaded} uploaded; CPU {run.cpu_s:.1f} s, others {run.others_cpu_s:.1f} s)",
+                        f"{run.uploaded} uploaded; CPU {run.cpu_s:.1f} s, server {run.server_cpu_s:.1f} s, "
+                        f"others {run.others_cpu_s:.1f} s)",
                         flush=True,
                     )
                     runs.append(run)
