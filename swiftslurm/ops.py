@@ -17,7 +17,15 @@ from pathlib import Path
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node.checkpoint import write_json_atomic
-from swiftslurm.runs import CANCELLED_FILE, FINAL_STATES, RunFacts, ask_slurm, gather, read_json, record_submission
+from swiftslurm.runs import (
+    CANCELLED_FILE,
+    FINAL_STATES,
+    RunFacts,
+    ask_slurm,
+    gather,
+    record_submission,
+    slurm_job_ids,
+)
 from swiftslurm.sweep import run_dirs
 
 ACTIVE_STATES = ("pending", "running", "requeued")
@@ -29,9 +37,8 @@ class OpsError(SwiftSlurmError):
 
 
 def facts_of(run_dir: Path) -> RunFacts:
-    job = read_json(run_dir / "job.json") or {}
-    job_id = str(job.get("job_id") or "")
-    return gather(run_dir, ask_slurm([job_id]) if job_id and not job_id.startswith("local") else None)
+    job_ids = slurm_job_ids([run_dir])
+    return gather(run_dir, ask_slurm(job_ids) if job_ids else None)
 
 
 def cancel(run_dir: Path) -> str:
@@ -39,7 +46,7 @@ def cancel(run_dir: Path) -> str:
     if facts.state in FINAL_STATES:
         return f"{facts.run_name}: already {facts.state}; nothing to cancel."
     write_json_atomic(run_dir / CANCELLED_FILE, {"at": time.time()})
-    if facts.job_id and not facts.job_id.startswith("local"):
+    if facts.job_id and slurm_job_ids([run_dir]):
         slurm_cli.run(["scancel", facts.job_id])
         return f"{facts.run_name}: cancelled job {facts.job_id} (a running job saves its current step first)."
     return f"{facts.run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."

@@ -210,6 +210,8 @@ def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
     metrics = read_metrics(run_dir)
     job_id = str(job.get("job_id") or status.get("job_id") or "") or None
     slurm_state = slurm.states.get(job_id) if slurm and job_id else None
+    if job.get("scheduler") == "local" and job_id:
+        slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
     committed, _ = newest_committed(run_dir / "output")
     global_batch = _global_batch(plan)
@@ -229,6 +231,18 @@ def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
         goodput=goodput(attempts, int(plan.get("topology", {}).get("nodes", 1))),
         storage=read_json(run_dir / SYNC_FILE),
     )
+
+
+def _local_job_state(pid: str) -> str:
+    """A local job (submitit's local executor: the job id is the process id) is running while its process
+    lives; gone without a final word from the wrapper, it failed (killed, machine rebooted)."""
+    return "RUNNING" if pid.isdigit() and Path(f"/proc/{pid}").exists() else "FAILED"
+
+
+def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
+    """The job ids SLURM can answer for (local jobs are processes of this machine, not SLURM jobs)."""
+    jobs = [read_json(d / JOB_FILE) or {} for d in run_dirs]
+    return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
 
 
 def _global_batch(plan: dict[str, Any]) -> int | None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.runs import RunFacts, SlurmView, ask_slurm, gather, read_json
+from swiftslurm.runs import RunFacts, SlurmView, ask_slurm, gather, slurm_job_ids
 from swiftslurm.sweep import is_sweep, run_dirs
 
 COLUMNS = ("run", "state", "job", "attempts", "step", "loss", "samples/s", "goodput", "storage")
@@ -21,8 +21,7 @@ COLUMNS = ("run", "state", "job", "attempts", "step", "loss", "samples/s", "good
 
 def collect(path: Path, use_slurm: bool = True) -> tuple[list[RunFacts], SlurmView | None]:
     dirs = run_dirs(path)
-    job_ids = [str(job["job_id"]) for d in dirs if (job := read_json(d / "job.json")) and job.get("job_id")]
-    slurm_jobs = [j for j in job_ids if not j.startswith("local")] if use_slurm else []
+    slurm_jobs = slurm_job_ids(dirs) if use_slurm else []
     slurm = ask_slurm(slurm_jobs) if slurm_jobs else None
     return [gather(d, slurm) for d in dirs], slurm
 

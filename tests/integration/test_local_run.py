@@ -28,9 +28,16 @@ def test_default_command_trains_and_reports_loss_and_checkpoint(tmp_path: Path) 
     [attempt] = attempts(run_dir)
     assert attempt["exit_code"] == 0 and attempt["resumed_from"] is None
 
-    # Same run directory again: the run continues from its newest checkpoint instead of starting over.
+    # Same run directory again: other settings are refused; the same settings find the run finished and
+    # submit nothing (a run that stopped would be resubmitted and continue from its newest checkpoint).
     again = swiftslurm(f"run_dir={run_dir}", "swift.max_steps=50", cwd=tmp_path)
-    assert again.returncode == 2 and "different swift_argv" in again.stderr  # other settings: refused
+    assert again.returncode == 2 and "different swift_argv" in again.stderr
+    again = swiftslurm(f"run_dir={run_dir}", cwd=tmp_path)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert len(attempts(run_dir)) == 1
+
+    (run_dir / "status.json").unlink()  # as if the job had died before its wrapper could write a final state
+    (run_dir / "attempts.jsonl").unlink()
     again = swiftslurm(f"run_dir={run_dir}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert attempts(run_dir)[-1]["resumed_from"] == str(run_dir / "output" / "checkpoint-40")

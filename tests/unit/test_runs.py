@@ -129,3 +129,16 @@ def test_plots_are_written_for_runs_and_the_sweep(tmp_path: Path) -> None:
     written = plot_path(tmp_path / "sweep", facts)
     assert tmp_path / "sweep" / "final_loss.png" in written
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written) and len(written) == 5
+
+
+def test_a_local_job_is_running_while_its_process_lives_and_never_asked_of_slurm(tmp_path: Path) -> None:
+    import os
+
+    from swiftslurm.runs import slurm_job_ids
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record_submission(run_dir, str(os.getpid()), "local")
+    assert gather(run_dir).state == "running" and slurm_job_ids([run_dir]) == []
+    record_submission(run_dir, "999999999", "local")  # no such process
+    assert gather(run_dir).state == "failed"
