@@ -1,8 +1,8 @@
 """Operating runs: `swiftslurm logs|cancel|resume RUN_OR_SWEEP_DIR` (status: swiftslurm.status).
 
 - logs: the current attempt's node logs (`--follow` keeps printing, across requeues, until the run ends).
-- cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it) and `scancel`s the
-  job: a running job saves the current step and stops; a waiting one leaves the queue.
+- cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it); a running job is
+  asked to save its current step first (USR2) and given time to record it; then `scancel`.
 - resume: resubmit a stopped, failed or cancelled run; it continues from its newest committed checkpoint.
   A sweep dir resumes every point that is not finished or still queued.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.node.records import read_attempts
 from swiftslurm.runs import (
     CANCELLED_FILE,
     FINAL_STATES,
@@ -29,6 +30,7 @@ from swiftslurm.runs import (
 from swiftslurm.sweep import run_dirs
 
 ACTIVE_STATES = ("pending", "running", "requeued")
+CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
 FOLLOW_POLL_S = 1.0
 
 
@@ -41,15 +43,36 @@ def facts_of(run_dir: Path) -> RunFacts:
     return gather(run_dir, ask_slurm(job_ids) if job_ids else None)
 
 
-def cancel(run_dir: Path) -> str:
+def cancel(run_dir: Path, save_wait_s: float = CANCEL_SAVE_WAIT_S) -> str:
+    """Stop the run for good. A running job is first asked to save (USR2, as before a preemption; the mark
+    makes the wrapper stop instead of requeuing) and given ``save_wait_s`` to record its attempt: a plain
+    `scancel` leaves it only SLURM's KillWait (often 30 s or less) to save, commit and record. Then
+    `scancel` ends whatever is left (a job waiting in the queue, a wrapper that did not finish)."""
     facts = facts_of(run_dir)
     if facts.state in FINAL_STATES:
         return f"{facts.run_name}: already {facts.state}; nothing to cancel."
     write_json_atomic(run_dir / CANCELLED_FILE, {"at": time.time()})
-    if facts.job_id and slurm_job_ids([run_dir]):
-        slurm_cli.run(["scancel", facts.job_id])
-        return f"{facts.run_name}: cancelled job {facts.job_id} (a running job saves its current step first)."
-    return f"{facts.run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
+    if not (facts.job_id and slurm_job_ids([run_dir])):
+        return f"{facts.run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
+    saved = ""
+    if facts.state == "running":
+        recorded = len(read_attempts(run_dir))
+        _scancel(["--signal=USR2", facts.job_id])
+        deadline = time.monotonic() + save_wait_s
+        while len(read_attempts(run_dir)) == recorded and time.monotonic() < deadline:
+            time.sleep(FOLLOW_POLL_S)
+        if len(read_attempts(run_dir)) > recorded:
+            saved = f"; saved at step {read_attempts(run_dir)[-1].get('committed_step')}"
+    _scancel([facts.job_id])
+    return f"{facts.run_name}: cancelled job {facts.job_id}{saved}."
+
+
+def _scancel(args: list[str]) -> None:
+    try:
+        slurm_cli.run(["scancel", *args])
+    except SwiftSlurmError as err:  # the job ended meanwhile: nothing left to cancel
+        if "already" not in str(err).lower() and "invalid job id" not in str(err).lower():
+            raise
 
 
 def resume(run_dir: Path) -> str:

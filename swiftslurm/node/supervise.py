@@ -312,7 +312,8 @@ def _conclude(
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     decision = decide.decide(reason, explanation, history, _budget(plan))
     if cancelled:  # scancel / Ctrl-C: the user stopped it; never requeue
-        decision = decide.Decision(decide.Action.STOP, reason, f"cancelled (TERM/INT); {explanation}")
+        how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
+        decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
     records.append_attempt(run_dir, _record(where, attempt, resume, observed, decision, committed_step, failed))
     records.write_status(
         run_dir,

@@ -85,9 +85,8 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     job = submit(run_dir, "swift.max_steps=400", "swift.save_steps=50")
     wait_until(lambda: current_step(run_dir) >= 10, 300, "training to start")
     cancelled = cli("cancel", str(run_dir), cwd=tmp_path)
-    assert cancelled.returncode == 0 and f"cancelled job {job}" in cancelled.stdout, cancelled.stderr
-    assert wait_for_job(job) == "CANCELLED"  # sacct says so at once; the wrapper still has KillWait to record
-    wait_until(lambda: len(attempts(run_dir)) > 0, 60, "the cancelled attempt's record")
+    assert cancelled.returncode == 0 and f"cancelled job {job}; saved at step" in cancelled.stdout, cancelled.stderr
+    assert wait_for_job(job) in ("CANCELLED", "FAILED")  # `cancel`'s scancel, or the wrapper's own stop first
     [record] = attempts(run_dir)  # not requeued
     assert record["decision"] == "stop" and "cancelled" in record["why"]
     assert record["committed_step"] == record["last_step"] >= 10  # it saved the step it was at
@@ -107,5 +106,5 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     assert new_job is not None
     wait_until(lambda: len(attempts(run_dir)) == 2 or current_step(run_dir) > record["last_step"], 300, "resume")
     subprocess.run(["scancel", new_job.group(1)], check=True)
-    wait_for_job(new_job.group(1))
+    wait_until(lambda: len(attempts(run_dir)) == 2, 120, "the resumed attempt's record")
     assert attempts(run_dir)[-1]["resume_step"] == record["committed_step"]
