@@ -78,3 +78,14 @@ def test_each_sweep_point_gets_its_own_run_dir_named_after_what_varies(tmp_path:
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name != "sweeps")
     assert names == ["tiny-sft-ddp-a100x16-learning_rate=0.0001", "tiny-sft-ddp-a100x16-learning_rate=0.0002"]
+
+
+def test_operations_are_subcommands_of_the_main_command(tmp_path: Path) -> None:
+    planned = swiftslurm("+cluster=a100x16", "dry_run=true", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    status = swiftslurm("status", str(tmp_path / "run"), "--json", "--no-slurm", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    [run] = json.loads(status.stdout)["runs"]
+    assert (run["state"], run["job_id"], run["attempts"]) == ("unknown", None, 0)  # planned, never submitted
+    resumed = swiftslurm("cancel", str(tmp_path / "nothing-here"), cwd=tmp_path)
+    assert resumed.returncode == 2 and "holds no run" in resumed.stderr
