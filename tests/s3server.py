@@ -408,3 +408,13 @@ class Sampler(threading.Thread):
             self.violations += broken
             self.samples += 1
             self.stop.wait(0.1)
+
+
+def use_test_credentials(monkeypatch: Any) -> None:
+    """The code under test finds credentials the way it does on a node: boto3's chain, here the environment."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")

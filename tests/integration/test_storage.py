@@ -21,14 +21,13 @@ from swiftslurm.node.store import CheckpointStore
 from swiftslurm.node.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 from tests.s3server import (
-    ACCESS_KEY,
-    SECRET_KEY,
     FaultProxy,
     Faults,
     Sampler,
     SeaweedServer,
     published_and_incomplete,
     serve_for_tests,
+    use_test_credentials,
 )
 
 pytestmark = pytest.mark.slow
@@ -53,10 +52,7 @@ def proxy(s3_server: SeaweedServer) -> Iterator[FaultProxy]:
 
 @pytest.fixture(autouse=True)
 def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    use_test_credentials(monkeypatch)
 
 
 def write_checkpoint(output_dir: Path, step: int, rng: random.Random) -> Path:

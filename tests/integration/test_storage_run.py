@@ -33,7 +33,16 @@ from tests.integration.conftest import (
     swiftslurm,
     wait_until,
 )
-from tests.s3server import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, Sampler, SeaweedServer, weed_binary
+from tests.s3server import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    FaultProxy,
+    Faults,
+    Sampler,
+    SeaweedServer,
+    use_test_credentials,
+    weed_binary,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # scripts/slurm-local.sh's bridge
@@ -54,12 +63,7 @@ def s3_server(slurm_cluster: None) -> Iterator[SeaweedServer]:
 @pytest.fixture(autouse=True)
 def _credentials_in_the_submitting_shell(monkeypatch: pytest.MonkeyPatch) -> None:
     """As a user would: exported in the shell that submits; SLURM hands the environment to the job."""
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    use_test_credentials(monkeypatch)
 
 
 def storage_overrides(endpoint_url: str, run_name: str) -> tuple[str, ...]:

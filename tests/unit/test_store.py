@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from swiftslurm.node.sync import SYNC_STATE, NodeSync, restore
 from swiftslurm.node.uploader import Uploader
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import REPO
-from tests.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, serve_for_tests
+from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials
 
 MiB = 1 << 20
 BUCKET = "swiftslurm-unit"
@@ -33,16 +32,6 @@ BUCKET = "swiftslurm-unit"
 @pytest.fixture(scope="module")
 def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
     yield from serve_for_tests(request, BUCKET)
-
-
-def use_test_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The code under test finds credentials the way it does on a node: boto3's chain, here the environment."""
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
 
 
 @pytest.fixture(autouse=True)
