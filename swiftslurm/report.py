@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from swiftslurm.node.checkpoint import newest_checkpoint
@@ -10,6 +9,7 @@ from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
+from swiftslurm.runs import read_metrics
 
 EXAMPLE_JOB_ID = "12345"
 
@@ -85,24 +85,8 @@ def dry_run_report(plan: JobPlan) -> str:
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections)
 
 
-def final_loss(output_dir: Path) -> float | None:
-    """The last training loss ms-swift logged to output/logging.jsonl."""
-    path = output_dir / "logging.jsonl"
-    if not path.is_file():
-        return None
-    loss = None
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written while we read
-        if isinstance(record, dict) and "loss" in record:
-            loss = float(record["loss"])
-    return loss
-
-
 def result_summary(plan: JobPlan) -> str:
-    loss = final_loss(plan.output_dir)
+    loss = read_metrics(Path(plan.run_dir)).loss  # the last loss ms-swift logged
     checkpoint = newest_checkpoint(plan.output_dir)
     status = read_status(Path(plan.run_dir)) or {}
     attempts = len(read_attempts(Path(plan.run_dir)))
