@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
 
 from swiftslurm.node.signals import descendants  # noqa: E402
+from swiftslurm.plan import COMMIT_CALLBACKS  # noqa: E402
 
 FAKE_SLURM_BIN = REPO / "bench" / "fake_slurm"
 KILL_WAIT_S = 2.0  # SLURM's KillWait between the TERM and the KILL of a requeued job's tasks
@@ -98,7 +99,7 @@ def srun_env(
 
 def plain_swift_argv(argv: Sequence[str], plugin: str) -> list[str]:
     """The `swift sft` command a user would run without swiftslurm: the plan's argv without the callbacks
-    and the plugin swiftslurm adds (`--callbacks graceful_exit swiftslurm_commit`, `--external_plugins`)."""
+    and the plugin swiftslurm adds (`--callbacks swiftslurm_stop swiftslurm_commit`, `--external_plugins`)."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -109,7 +110,7 @@ def plain_swift_argv(argv: Sequence[str], plugin: str) -> list[str]:
             while i < len(argv) and not argv[i].startswith("--"):
                 values.append(argv[i])
                 i += 1
-            dropped = {"graceful_exit", "swiftslurm_commit", plugin}
+            dropped = {*COMMIT_CALLBACKS, plugin}
             kept = [v for v in values if v not in dropped]
             if kept:
                 out += [token, *kept]

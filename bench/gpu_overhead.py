@@ -6,14 +6,14 @@
 Per strategy and pair, two runs on the same GPUs, one after the other, in alternating order (ABBA):
 
 - **swiftslurm**: `python -m swiftslurm.node RUN_DIR` with srun's environment (1 node × all GPUs; see
-  bench/gpu_common.py), which starts `swift sft` with swiftslurm's callbacks (graceful_exit, commit) and
+  bench/gpu_common.py), which starts `swift sft` with swiftslurm's callbacks (stop, commit) and
   plugin, watches it, and commits every checkpoint (checksums, manifest).
 - **direct**: the `swift sft` command a user would type for the same plan, i.e. the same arguments without
   swiftslurm's callbacks and plugin, with the same environment the wrapper gives its trainer (srun's, the
   plan's, the rank variables), started directly.
 - **direct-callbacks** (only with `--arms`): the plan's exact command, callbacks and plugin included, started
-  directly: swiftslurm ÷ this is the wrapper process alone, this ÷ direct the callbacks (graceful_exit's
-  per-step all-reduce, the commit's barrier and checksums).
+  directly: swiftslurm ÷ this is the wrapper process alone, this ÷ direct the callbacks (the stop
+  callback's per-step vote, the commit's barrier and checksums).
 
 Both read ms-swift's own log (`output/logging.jsonl`): samples/s and tokens/s over the steps after
 warm-up up to the mid-run save (`train`), over the same start to the last step (`train+save`: the mid-run

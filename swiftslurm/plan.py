@@ -29,7 +29,9 @@ MANAGED_SWIFT_ARGS = frozenset({"output_dir", "add_version", "resume_from_checkp
 DEEPSPEED_CPU_PATCH = Path(__file__).resolve().parent / "data" / "deepspeed_cpu_patch.py"
 # Imported by every training rank (ms-swift --external_plugins): registers the commit callback.
 SWIFT_PLUGIN = Path(__file__).resolve().parent / "node" / "swift_plugin.py"
-COMMIT_CALLBACKS = ("graceful_exit", "swiftslurm_commit")
+COMMIT_CALLBACKS = ("swiftslurm_stop", "swiftslurm_commit")
+# ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less per step).
+REPLACED_CALLBACKS = ("graceful_exit",)
 
 
 @dataclass(frozen=True)
@@ -366,9 +368,10 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _commit_args(args: dict[str, Any]) -> dict[str, Any]:
-    """Save on SLURM's signal (graceful_exit) and commit every checkpoint (swiftslurm's plugin), keeping
-    whatever callbacks and plugins the configuration asked for."""
-    callbacks = [c for c in _as_list(args.get("callbacks")) if c not in COMMIT_CALLBACKS]
+    """Save on SLURM's signal and commit every checkpoint (swiftslurm's plugin), keeping whatever callbacks
+    and plugins the configuration asked for."""
+    owned = (*COMMIT_CALLBACKS, *REPLACED_CALLBACKS)
+    callbacks = [c for c in _as_list(args.get("callbacks")) if c not in owned]
     plugins = [p for p in _as_list(args.get("external_plugins")) if p != str(SWIFT_PLUGIN)]
     return {"callbacks": [*callbacks, *COMMIT_CALLBACKS], "external_plugins": [*plugins, str(SWIFT_PLUGIN)]}
 

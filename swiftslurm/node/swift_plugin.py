@@ -1,6 +1,8 @@
-"""ms-swift plugin (`--external_plugins`), imported by every training rank: commits checkpoints.
+"""ms-swift plugin (`--external_plugins`), imported by every training rank: saves on signals, commits checkpoints.
 
-It registers the callback `swiftslurm_commit`. After each save every rank meets at a barrier (so all
+It registers two callbacks. `swiftslurm_stop` saves the current step and stops when a stop signal arrives
+(TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at the same step (stop_vote.py).
+`swiftslurm_commit`: after each save every rank meets at a barrier (so all
 shards, optimizer and RNG states are written), then global rank 0 checksums the files and writes the
 manifest last, in a background thread so training goes on meanwhile. The thread is not a daemon: a
 process that exits normally finishes its commit first; one that is killed leaves the checkpoint
@@ -20,6 +22,7 @@ from typing import Any
 from swift.callbacks import TrainerCallback, callbacks_map
 
 from swiftslurm.node import checkpoint
+from swiftslurm.node.stop_vote import StopVote
 
 log = logging.getLogger("swiftslurm")
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
@@ -36,6 +39,47 @@ def _swift_version() -> str:
     from importlib.metadata import version
 
     return version("ms-swift")
+
+
+class StopCallback(TrainerCallback):
+    """Save the current step and stop training once a stop signal has reached any rank.
+
+    It replaces ms-swift's `graceful_exit`, which does the same with a GPU all-reduce and a device
+    synchronisation after every step, and which also stops whenever a file `/tmp/stop` exists on a node.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+    def __init__(self, args: Any, trainer: Any) -> None:
+        super().__init__(args, trainer)
+        self._requested = False
+        self._stopping = False
+        self._vote = StopVote()
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self._requested = True  # only recorded: the step in progress finishes, then all ranks vote
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._vote.join()
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._vote.step_end(self._requested) and not self._stopping:
+            print(f"[swiftslurm] stop signal: saving step {state.global_step} and stopping", flush=True)
+            self._stopping = True
+            control.should_save = True
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._stopping:
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._vote.finish()
+        return control
 
 
 class CommitCallback(TrainerCallback):
@@ -76,4 +120,5 @@ class CommitCallback(TrainerCallback):
         return control
 
 
+callbacks_map["swiftslurm_stop"] = StopCallback
 callbacks_map["swiftslurm_commit"] = CommitCallback

@@ -10,5 +10,5 @@
     --ddp_timeout 1800 \
     --data_seed 42 \
     --add_version false \
-    --callbacks graceful_exit swiftslurm_commit \
+    --callbacks swiftslurm_stop swiftslurm_commit \
     --external_plugins <repo>/swiftslurm/node/swift_plugin.py

@@ -25,5 +25,5 @@
     --lora_rank 8 \
     --lora_alpha 16 \
     --dataloader_num_workers 0 \
-    --callbacks graceful_exit swiftslurm_commit \
+    --callbacks swiftslurm_stop swiftslurm_commit \
     --external_plugins <repo>/swiftslurm/node/swift_plugin.py

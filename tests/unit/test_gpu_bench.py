@@ -9,7 +9,7 @@ import pytest
 
 from swiftslurm import tiny
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
-from swiftslurm.plan import SWIFT_PLUGIN
+from swiftslurm.plan import COMMIT_CALLBACKS, SWIFT_PLUGIN
 from swiftslurm.render import swift_command
 from tests.conftest import REPO, plan_for
 
@@ -61,10 +61,11 @@ def test_plain_command_drops_only_what_swiftslurm_adds() -> None:
     plan = plan_for("+cluster=h200x2", *MODEL, "strategy=ddp", "swift.callbacks=[mine]")
     argv = swift_command(plan)
     plain = gpu_common.plain_swift_argv(argv, str(SWIFT_PLUGIN))
-    assert "swiftslurm_commit" not in plain and "graceful_exit" not in plain and str(SWIFT_PLUGIN) not in plain
+    assert "swiftslurm_commit" not in plain and "swiftslurm_stop" not in plain and str(SWIFT_PLUGIN) not in plain
     assert plain[plain.index("--callbacks") + 1] == "mine"
     assert "--external_plugins" not in plain
-    kept = [t for t in argv if t not in ("graceful_exit", "swiftslurm_commit", str(SWIFT_PLUGIN), "--external_plugins")]
+    added = (*COMMIT_CALLBACKS, str(SWIFT_PLUGIN), "--external_plugins")
+    kept = [t for t in argv if t not in added]
     assert plain == kept
 
 
