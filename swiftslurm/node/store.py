@@ -22,10 +22,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,14 +34,13 @@ from swiftslurm.node.checkpoint import (
     is_committed,
     problems,
     read_manifest,
-    sha256_and_fsync,
     write_json_atomic,
 )
+from swiftslurm.node.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 log = logging.getLogger("swiftslurm.store")
 MiB = 1 << 20
-_CHECK_THREADS = 2  # downloaded files checked (SHA-256, fsync) at once; hashlib and fsync release the GIL
 _MANIFEST_KEY = re.compile(r"checkpoint-(\d+)/" + re.escape(MANIFEST))
 _FOLDER_KEY = re.compile(r"checkpoint-(\d+)/")
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
@@ -176,55 +173,6 @@ def _subscribers(bar: Any | None) -> list[Any]:
     return [_Advance()]
 
 
-def _download_subscribers(listed: dict[str, Any], arrived: Callable[[], None]) -> list[Any]:
-    """Give s3transfer the listed size and ETag (so it sends no HEAD first; the ETag still pins every ranged GET
-    to this version of the object with If-Match), and call ``arrived`` once the file is complete on disk."""
-    from s3transfer.subscribers import BaseSubscriber
-
-    class _Known(BaseSubscriber):
-        def on_queued(self, future: Any, **kwargs: Any) -> None:
-            future.meta.provide_transfer_size(listed["Size"])
-            if listed.get("ETag"):
-                future.meta.provide_object_etag(listed["ETag"])
-
-    class _Arrived(BaseSubscriber):
-        def on_done(self, future: Any, **kwargs: Any) -> None:
-            try:
-                future.result()  # done: returns at once, or raises what failed it
-            except Exception:
-                return  # the failure is raised where the transfers are awaited
-            arrived()
-
-    return [_Known(), _Arrived()]
-
-
-class _Checks:
-    """Runs ``check(i)`` once for each of ``count`` files in a few threads, each as soon as it is started, and
-    `finish` starts the rest (s3transfer marks a transfer done before it calls its `on_done` subscribers, so a
-    file may be complete without having been started yet) and waits for all, raising the first failure."""
-
-    def __init__(self, check: Callable[[int], None], count: int) -> None:
-        self._check = check
-        self._count = count
-        self._pool = ThreadPoolExecutor(_CHECK_THREADS, thread_name_prefix="swiftslurm-check")
-        self._started: dict[int, Future[None]] = {}
-        self._lock = threading.Lock()
-
-    def start(self, index: int) -> None:
-        with self._lock:
-            if index not in self._started:
-                self._started[index] = self._pool.submit(self._check, index)
-
-    def finish(self) -> None:
-        for index in range(self._count):
-            self.start(index)
-        for index in range(self._count):
-            self._started[index].result()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
 def summary(verb: str, step: int, files: int, size: int, seconds: float) -> str:
     """'[swiftslurm] uploaded checkpoint-40: 12 files, 48.3 MiB in 1.2 s (40.1 MiB/s)'."""
     rate = size / MiB / seconds if seconds > 0 else 0.0
@@ -317,7 +265,7 @@ class CheckpointStore:
 
     # -- transfers -----------------------------------------------------------------------------------------
 
-    def _transfer_manager(self, in_order: bool = False) -> Any:
+    def _transfer_manager(self) -> Any:
         from boto3.s3.transfer import TransferConfig
         from s3transfer.manager import TransferManager
 
@@ -326,20 +274,14 @@ class CheckpointStore:
             multipart_threshold=part,
             multipart_chunksize=part,
             max_concurrency=self.spec.max_concurrency,
-            num_download_attempts=self.spec.max_attempts,
         )
-        if in_order:
-            # One file's requests are queued after the previous file's, so files finish one after another (each
-            # can be checked while the next downloads) rather than all at the end. Submitting does no request
-            # when the size is known, so one submitting thread costs nothing.
-            config.max_submission_concurrency = 1
         return TransferManager(self.client, config)
 
-    def _run_transfers(self, action: str, start_all: Callable[[Any], list[Any]], in_order: bool = False) -> None:
+    def _run_transfers(self, action: str, start_all: Callable[[Any], list[Any]]) -> None:
         """Start transfers on one manager (files and parts share `max_concurrency`) and wait for all of them;
         the first failure cancels the rest and is raised."""
         try:
-            with _explained(self.spec, action), self._transfer_manager(in_order) as manager:
+            with _explained(self.spec, action), self._transfer_manager() as manager:
                 futures = start_all(manager)
                 with self._lock:
                     self._in_flight.update(futures)
@@ -498,35 +440,45 @@ class CheckpointStore:
             log.warning(f"[swiftslurm] moved uncommitted {target.name} to {aside} before downloading it")
 
     def _fetch(self, step: int, entries: list[dict[str, Any]], staging: Path) -> None:
-        """Download the manifest's files into ``staging``, each checked against it (size, SHA-256, fsync) as soon
-        as it has arrived, while the next ones download. Raises on the first failure or mismatch."""
+        """Download the manifest's files into ``staging`` (swiftslurm.node.fetch: ranged, parallel, retried),
+        each verified (size, SHA-256) and fsynced, and the folders with them. Raises on the first failure."""
         paths = [staging / _safe_path(entry["path"]) for entry in entries]
         listed = self._listed_as_manifest_says(step, entries)
-        for path in paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in {path.parent for path in paths}:
+            folder.mkdir(parents=True, exist_ok=True)
+        files = [
+            RemoteFile(item["Key"], path, entry["size"], entry["sha256"], item.get("ETag"))
+            for entry, path, item in zip(entries, paths, listed, strict=True)
+        ]
         bar = _progress_bar(f"download checkpoint-{step}", sum(e["size"] for e in entries))
-        subscribers = _subscribers(bar)
-        checks = _Checks(lambda i: self._check_file(step, entries[i], paths[i]), len(entries))
-
-        def start_all(manager: Any) -> list[Any]:
-            return [
-                # Ranged, parallel, and retried per range (unlike a plain get_object().read()).
-                manager.download(
-                    self.spec.bucket,
-                    self.key(step, entry["path"]),
-                    str(path),
-                    subscribers=[*subscribers, *_download_subscribers(listed[index], partial(checks.start, index))],
-                )
-                for index, (entry, path) in enumerate(zip(entries, paths, strict=True))
-            ]
-
+        fetch = Fetch(self.client, self.spec.bucket, files, self._fetch_options(), bar.update if bar else None)
+        with self._lock:
+            self._in_flight.add(fetch)
+        action = f"downloading checkpoint-{step} from {self.spec.url}"
         try:
-            self._run_transfers(f"downloading checkpoint-{step} from {self.spec.url}", start_all, in_order=True)
-            checks.finish()
+            with _explained(self.spec, action):
+                fetch.run()
+        except FileMismatch as err:
+            raise self._damaged(step, entries[err.index], err.what) from err
+        except StorageError:
+            raise
+        except Exception as err:  # e.g. a reply cut mid-headers that parses into a KeyError: unretried
+            raise StorageError(f"{action} failed: {type(err).__name__}: {err}") from err
         finally:
-            checks.close()
+            with self._lock:
+                self._in_flight.discard(fetch)
             if bar is not None:
                 bar.close()
+        for below, _, _ in os.walk(staging):
+            if below != str(staging):  # staging itself is fsynced with the manifest, just after
+                fsync_dir(Path(below))  # the files' names must be as durable as their bytes
+
+    def _fetch_options(self) -> FetchOptions:
+        return FetchOptions(
+            part_size=self.spec.part_size_mb * MiB,
+            max_concurrency=self.spec.max_concurrency,
+            max_attempts=self.spec.max_attempts,
+        )
 
     def _listed_as_manifest_says(self, step: int, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The listing's entry (Size, ETag) of each manifest file, in the manifest's order. One listing instead of
@@ -541,15 +493,6 @@ class CheckpointStore:
                 )
             found.append(item)
         return found
-
-    def _check_file(self, step: int, entry: dict[str, Any], path: Path) -> None:
-        size = path.stat().st_size
-        if size != entry["size"] or sha256_and_fsync(path) != entry["sha256"]:
-            raise self._damaged(
-                step,
-                entry,
-                f"{size} bytes, manifest says {entry['size']}" if size != entry["size"] else "SHA-256 differs",
-            )
 
     def _damaged(self, step: int, entry: dict[str, Any], what: str) -> StorageError:
         return StorageError(
