@@ -8,8 +8,8 @@ socket reads, the writes and the hashing all release the GIL, so the threads rea
 
 What a restore must guarantee, and where it is done:
 
-- Every byte checked: each file is hashed (SHA-256) as its parts land, in order, read back from the page
-  cache; the size and digest must match the manifest. `FileMismatch` names the file otherwise.
+- Every byte checked: each file is hashed (SHA-256) as its parts land, in order, from the page cache
+  (mapped, not copied); the size and digest must match the manifest. `FileMismatch` names the file otherwise.
 - Durable before the manifest: each file is fsynced once it is complete, before `fetch` returns; the caller
   writes the manifest after that, and renames the folder into place. Large files are also written back while
   they download (`_write_back_early`), so the disk works alongside the network instead of after it.
@@ -23,6 +23,7 @@ What a restore must guarantee, and where it is done:
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import random
 import threading
@@ -38,7 +39,7 @@ MiB = 1 << 20
 # Bytes asked of a body at once. Measured here (8 threads, read + pwrite): 1 MiB costs the least CPU; 64-256 KiB
 # spend more in Python per byte, and 2 MiB or more ~3x the kernel's (each read is then a fresh mmap'd buffer).
 READ_SIZE = MiB
-_HASH_READ_SIZE = 4 * MiB  # read back for hashing into one reused buffer per thread
+_HASH_READ_SIZE = 4 * MiB  # read back for hashing where the file cannot be mapped
 _FSYNC_THREADS = 2  # files fsynced at once, off the download threads (fsync waits for the disk)
 
 
@@ -318,21 +319,29 @@ def _write_at(fd: int, data: bytes, offset: int) -> None:
         ) from err
 
 
-_HASH_BUFFERS = threading.local()  # one reusable buffer per thread: a fresh 4 MiB bytes per read costs page faults
-
-
 def _hash_range(state: _FileState, start: int, length: int) -> None:
-    """Feed bytes [start, start + length) of the file to its digest (read back from the page cache)."""
-    buffer = getattr(_HASH_BUFFERS, "buffer", None)
-    if buffer is None:
-        buffer = _HASH_BUFFERS.buffer = memoryview(bytearray(_HASH_READ_SIZE))
+    """Feed bytes [start, start + length) of the file to its digest, from the page cache. Mapped rather than
+    read: a read copies every byte once more, and that copy cost a restore more CPU than receiving them
+    (perf, docs/storage.md#benchmark). Where mapping fails (an odd filesystem), read in pieces instead."""
+    if length == 0:
+        return
+    try:  # the file is ours, already at its full size: the mapping never reaches past its end
+        mapped = mmap.mmap(state.fd, length, prot=mmap.PROT_READ, offset=start)
+    except (OSError, ValueError):  # ValueError: an offset not a multiple of the page size
+        _hash_read(state, start, length)
+        return
+    with mapped:
+        state.digest.update(mapped)
+
+
+def _hash_read(state: _FileState, start: int, length: int) -> None:
     end = start + length
     while start < end:
-        count = os.preadv(state.fd, [buffer[: min(_HASH_READ_SIZE, end - start)]], start)
-        if not count:
+        chunk = os.pread(state.fd, min(_HASH_READ_SIZE, end - start), start)
+        if not chunk:
             raise _ShortBody(f"{state.remote.path} is shorter than {end} bytes on disk")
-        state.digest.update(buffer[:count])
-        start += count
+        state.digest.update(chunk)
+        start += len(chunk)
 
 
 def _gave_up(remote: RemoteFile, part: Part, attempts: int, err: BaseException) -> StorageError:

@@ -141,6 +141,17 @@ def test_fetch_writes_every_file_whole_with_one_ranged_get_per_part(tmp_path: Pa
     assert len(s3.requests) == 10 + 4 + 1  # nothing asked for the empty file
 
 
+def test_files_that_cannot_be_mapped_are_hashed_by_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError("mmap not supported here")
+
+    monkeypatch.setattr(fetch.mmap, "mmap", refuse)
+    objects = some_objects()
+    files = remote_files(objects, tmp_path)
+    Fetch(FakeS3(objects), BUCKET, files, OPTIONS).run()
+    assert [f.path.read_bytes() for f in files] == list(objects.values())
+
+
 def test_a_body_broken_midway_is_asked_again_from_where_it_stopped(tmp_path: Path) -> None:
     objects = some_objects()
     s3 = FakeS3(objects)
