@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -135,6 +136,21 @@ def step_of(entry: Mapping[str, Any]) -> int:
 def step_entries(entries: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """ms-swift's per-step log lines (the end-of-training summary, which has `train_runtime`, excluded)."""
     return [e for e in entries if "loss" in e and "global_step/max_steps" in e and "train_runtime" not in e]
+
+
+_VOTE = re.compile(r"\[swiftslurm\] stop vote: (\d+) steps, (\d+) us per step on average, (\d+) us at most")
+_WRAPPER = re.compile(r"\[swiftslurm\] wrapper: ([\d.]+) CPU-s while training ran (\d+) s")
+
+
+def direct_costs(trainer_log: str, wrapper_log: str = "") -> dict[str, float]:
+    """What swiftslurm itself spent, from the lines it logs: the stop vote's time inside the training loop
+    (mean and worst microseconds per step, rank 0) and the wrapper's CPU seconds while training ran."""
+    costs: dict[str, float] = {}
+    if vote := _VOTE.search(trainer_log):
+        costs |= {"vote_steps": int(vote[1]), "vote_us_mean": int(vote[2]), "vote_us_max": int(vote[3])}
+    if wrapper := _WRAPPER.search(wrapper_log or trainer_log):
+        costs |= {"wrapper_cpu_s": float(wrapper[1]), "wrapper_wall_s": int(wrapper[2])}
+    return costs
 
 
 def final_summary(entries: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:

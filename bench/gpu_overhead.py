@@ -41,6 +41,7 @@ from gpu_common import (
     VERSIONED,
     FakeJob,
     GpuMemorySampler,
+    direct_costs,
     final_summary,
     hosts_for,
     package_versions,
@@ -129,9 +130,19 @@ def run_one(args: argparse.Namespace, strategy: str, arm: str, pair: int, job_id
     record["gpu_peak_mib"] = sampler.peak
     entries = read_jsonl(run_dir / "output" / "logging.jsonl")
     record |= measure(entries, plan.batch.global_, args.warmup_steps, args.max_steps)
+    record |= direct_costs(*_logs(root, arm))
     if not args.keep_runs:
         shutil.rmtree(run_dir / "output", ignore_errors=True)
     return record
+
+
+def _logs(root: Path, arm: str) -> tuple[str, str]:
+    """(the trainer's output, the wrapper's own output) of one run."""
+    if arm != "swiftslurm":
+        return (root / "direct.log").read_text(errors="replace"), ""
+    trainer = "".join(p.read_text(errors="replace") for p in sorted((root / "run" / "logs").glob("*/node0.log")))
+    wrapper = "".join(p.read_text(errors="replace") for p in sorted(root.glob("wrapper0*.log")))
+    return trainer, wrapper
 
 
 def measure(entries: list[dict[str, Any]], global_batch: int, warmup: int, max_steps: int) -> dict[str, Any]:
@@ -241,7 +252,30 @@ def summarize(records: list[dict[str, Any]]) -> str:
                     f"| {strategy} | {other} | {label} | {ratios['n']} | {ratios['min']:.3f} | "
                     f"{ratios['median']:.3f} | {ratios['max']:.3f} | {ours['median']:.4g} | {theirs['median']:.4g} |"
                 )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *cost_lines(records)])
+
+
+def cost_lines(records: list[dict[str, Any]]) -> list[str]:
+    """swiftslurm's own time, measured where it is spent: the stop vote inside each training step (against
+    the step time of the same run) and the wrapper's CPU while training ran (on cores the trainer does not use
+    unless the node is full). A bound that the run-to-run noise of the throughput ratio does not blur."""
+    lines = [
+        "| strategy | arm | pair | step ms (train window) | vote us/step mean / max | vote share of a step "
+        "| wrapper CPU-s / training s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in records:
+        if "vote_us_mean" not in r or "train" not in r:
+            continue
+        first, last = r["train"]["steps"]
+        step_ms = 1000 * r["train"]["seconds"] / (last - first)
+        share = r["vote_us_mean"] / 1000 / step_ms
+        wrapper = f"{r['wrapper_cpu_s']:.2f} / {r['wrapper_wall_s']}" if "wrapper_cpu_s" in r else "-"
+        lines.append(
+            f"| {r['strategy']} | {r['arm']} | {r['pair']} | {step_ms:.0f} | {r['vote_us_mean']} / {r['vote_us_max']} "
+            f"| {share:.5%} | {wrapper} |"
+        )
+    return lines if len(lines) > 2 else []
 
 
 METRICS = (

@@ -55,3 +55,11 @@ class StopVote:
         self._pending = None
         work.wait()
         return bool(flag.item())  # a CPU tensor: no device synchronisation
+
+
+def vote_cost_line(steps: int, spent_s: float, worst_s: float) -> str:
+    """The log line that says what the stop vote cost the training loop (bench/gpu_overhead.py reads it)."""
+    return (
+        f"[swiftslurm] stop vote: {steps} steps, {spent_s * 1e6 / steps:.0f} us per step on average, "
+        f"{worst_s * 1e6:.0f} us at most"
+    )

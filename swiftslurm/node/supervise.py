@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -197,6 +198,7 @@ def _train(
     extra = ("--resume_from_checkpoint", str(resume.checkpoint)) if resume.checkpoint else ()
     log_path = _log(run_dir, attempt, where)
     started = time.time()
+    cpu_before = _own_cpu_s()
     watch = ProgressWatch(log_path, started)
     with SignalLog().installed() as signals:
         trainer = Trainer(swift_command(plan, extra), _trainer_env(plan, where, run_dir), log_path, cwd=run_dir)
@@ -225,7 +227,19 @@ def _train(
                 # The save had its whole lead time; something (e.g. torchrun's exit barrier waiting for a
                 # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
                 trainer.kill()
+        # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
+        print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
         return Observed(code, list(signals.received), hung, watch, started)
+
+
+def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:
+    """The log line that says what watching the trainer cost (bench/gpu_overhead.py reads it)."""
+    return f"[swiftslurm] wrapper: {cpu_s:.2f} CPU-s while training ran {wall_s:.0f} s"
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # this process only, not the trainer (a child)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _finish_uploads(sync: NodeSync, plan: JobPlan, where: SlurmEnv, run_dir: Path, decision: decide.Decision) -> None:

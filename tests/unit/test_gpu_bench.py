@@ -9,6 +9,8 @@ import pytest
 
 from swiftslurm import tiny
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
+from swiftslurm.node.stop_vote import vote_cost_line
+from swiftslurm.node.supervise import wrapper_cost_line
 from swiftslurm.plan import COMMIT_CALLBACKS, SWIFT_PLUGIN
 from swiftslurm.render import swift_command
 from tests.conftest import REPO, plan_for
@@ -137,3 +139,16 @@ def test_tiny_preset_keeps_the_original_assets() -> None:
     assert tiny.default_cache_dir({"SWIFTSLURM_CACHE": "/c"}, "qwen3-0.5b").name == "qwen3-0.5b-v1"
     with pytest.raises(ValueError, match="unknown preset"):
         tiny.default_cache_dir({}, "huge")
+
+
+def test_direct_costs_are_read_from_the_lines_swiftslurm_logs() -> None:
+    trainer_log = f"Train: 100%|...| 60/60 {vote_cost_line(60, 0.0012, 0.00009)}\n"
+    costs = gpu_common.direct_costs(trainer_log, wrapper_cost_line(0.4, 81.6))
+    assert costs == {
+        "vote_steps": 60,
+        "vote_us_mean": 20,
+        "vote_us_max": 90,
+        "wrapper_cpu_s": 0.4,
+        "wrapper_wall_s": 82,
+    }
+    assert gpu_common.direct_costs("no such lines") == {}
