@@ -37,7 +37,7 @@ class Trainer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 # `swift` and torchrun must survive SLURM's USR2 (it kills by default); the workers
-                # install ms-swift's graceful_exit handler over the inherited "ignore".
+                # install swiftslurm_stop's handler over the inherited "ignore".
                 preexec_fn=_ignore_save_signal,
             )
         self._forwarded: set[int] = set()  # processes sent the save signal while they had a handler for it

@@ -2,7 +2,7 @@
 
 SLURM sends USR2 ahead of a preemption or the time limit (`--signal=USR2@N`; USR2 because NCCL may catch
 USR1) to every process of the step. `swift` and torchrun must not die of it (they are started with USR2
-ignored, see launch.py) while the training workers save on it (ms-swift's `graceful_exit` callback). The
+ignored, see launch.py) while the training workers save on it (swiftslurm's `swiftslurm_stop` callback). The
 workers run in sessions of their own under torchrun, so the wrapper forwards to each of them itself
 rather than to a process group.
 """

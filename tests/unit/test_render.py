@@ -129,3 +129,10 @@ def test_submitit_asks_for_the_same_allocation_as_job_sbatch(tmp_path: Path) -> 
         "--mem=960G",
     ):
         assert expected in ours, expected
+
+
+def test_your_callbacks_are_kept_and_graceful_exit_is_replaced_by_swiftslurm_stop() -> None:
+    argv = swift_command(plan_for("+cluster=local-slurm", "swift.callbacks=[graceful_exit,mine]"))
+    callbacks = argv[argv.index("--callbacks") + 1 : argv.index("--callbacks") + 4]
+    assert callbacks == ["mine", "swiftslurm_stop", "swiftslurm_commit"]
+    assert "graceful_exit" not in argv

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
-from swiftslurm.node.stop_vote import StopVote  # noqa: E402
+from swiftslurm.node.stop_vote import LAG_STEPS, StopVote  # noqa: E402
 
 STEPS = 8
 
@@ -44,10 +44,10 @@ def _run(signal_at: dict[int, int]) -> dict[int, list[bool]]:
         return dict(results)
 
 
-def test_a_signal_on_one_rank_stops_every_rank_one_step_later() -> None:
+def test_a_signal_on_one_rank_stops_every_rank_at_the_same_later_step() -> None:
     results = _run({1: 3})  # only rank 1 got the signal, during step 3
     assert results[0] == results[1]
-    assert results[0].index(True) == 3  # decided at the end of step 4 (index 3): one step after the signal
+    assert results[0].index(True) + 1 == 3 + LAG_STEPS  # both decide LAG_STEPS steps after the signal
 
 
 def test_no_signal_never_stops() -> None:
