@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 RESUBMIT = "rerun your `python -m swiftslurm ...` command with the same run_dir (it resumes from the last checkpoint)"
 OOM_HINT = (
@@ -27,6 +29,7 @@ class Reason(str, Enum):
     TIMED_OUT = "timed_out"  # the signal arrived near the time limit
     INFRA = "infra"  # collective timeout, lost peer or node, killed process, hang: worth another attempt
     USER_ERROR = "user_error"  # bad input or a config that cannot fit: another attempt would fail the same way
+    CANCELLED = "cancelled"  # scancel, Ctrl-C or `swiftslurm cancel`: a person stopped it
 
 
 class Action(str, Enum):
@@ -236,6 +239,20 @@ def history_after(
         failed_hosts=hosts,
         preemptions=before.preemptions + (reason is Reason.PREEMPTED),
     )
+
+
+def history_of(attempts: Iterable[Mapping[str, Any]]) -> History | None:
+    """The history of recorded attempts (attempts.jsonl). An attempt that was stopped ends that history: if
+    the run has attempts after it, a person resubmitted it (`swiftslurm resume`, the same command again) after
+    fixing what stopped it, so the counts start over. The hosts that failed stay known."""
+    history: History | None = None
+    for record in attempts:
+        history = history_after(
+            history, Reason(record["reason"]), record.get("progressed", False), record.get("failed_host")
+        )
+        if record.get("decision") == Action.STOP.value:
+            history = History(attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=history.failed_hosts)
+    return history
 
 
 def failures_after(previous: int, reason: Reason, committed_new_checkpoint: bool) -> int:

@@ -325,8 +325,10 @@ def _conclude(
     committed_step = checkpoint_step(committed) if committed else 0
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     decision = decide.decide(reason, explanation, history, _budget(plan))
-    if cancelled:  # scancel / Ctrl-C: the user stopped it; never requeue
+    cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
+    if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
         how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
+        reason = decide.Reason.CANCELLED
         decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
     records.append_attempt(run_dir, _record(where, attempt, resume, observed, decision, committed_step, failed))
     records.write_status(
@@ -360,12 +362,7 @@ def _budget(plan: JobPlan) -> decide.Budget:
 
 
 def _history(run_dir: Path, reason: decide.Reason, progressed: bool, failed: str | None) -> decide.History:
-    history = None
-    for record in records.read_attempts(run_dir):
-        history = decide.history_after(
-            history, decide.Reason(record["reason"]), record.get("progressed", False), record.get("failed_host")
-        )
-    return decide.history_after(history, reason, progressed, failed)
+    return decide.history_after(decide.history_of(records.read_attempts(run_dir)), reason, progressed, failed)
 
 
 def _state(decision: decide.Decision, cancelled: bool) -> str:

@@ -88,7 +88,7 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     assert cancelled.returncode == 0 and f"cancelled job {job}; saved at step" in cancelled.stdout, cancelled.stderr
     assert wait_for_job(job) in ("CANCELLED", "FAILED")  # `cancel`'s scancel, or the wrapper's own stop first
     [record] = attempts(run_dir)  # not requeued
-    assert record["decision"] == "stop" and "cancelled" in record["why"]
+    assert record["decision"] == "stop" and record["reason"] == "cancelled" and "cancelled" in record["why"]
     assert record["committed_step"] == record["last_step"] >= 10  # it saved the step it was at
     assert status_json(run_dir)["runs"][0]["state"] == "cancelled"
 

@@ -17,6 +17,7 @@ from swiftslurm.node.decide import (
     classify_signal,
     decide,
     history_after,
+    history_of,
 )
 
 # --- log excerpts, as ms-swift / torch / torchrun / SLURM print them --------------------------------------
@@ -439,3 +440,28 @@ def test_history_counts_attempts_timeouts_preemptions_and_failed_hosts() -> None
     assert past == History(
         attempts=5, timeouts=1, consecutive_failures=3, failed_hosts=("gpu-b2", "gpu-a1"), preemptions=1
     )
+
+
+def record(reason: Reason, decision: Action, progressed: bool = False, host: str | None = None) -> dict[str, object]:
+    return {"reason": reason.value, "decision": decision.value, "progressed": progressed, "failed_host": host}
+
+
+def test_recorded_history_is_the_fold_of_its_attempts() -> None:
+    attempts = [
+        record(Reason.PREEMPTED, Action.REQUEUE, True),
+        record(Reason.INFRA, Action.REQUEUE, False, "gpu-b2"),
+    ]
+    assert history_of(attempts) == fold((Reason.PREEMPTED, True, None), (Reason.INFRA, False, "gpu-b2"))
+    assert history_of([]) is None
+
+
+def test_a_stopped_run_that_is_resubmitted_gets_a_fresh_budget_but_remembers_bad_hosts() -> None:
+    stopped = [record(Reason.INFRA, Action.REQUEUE, False, "gpu-b2")] * 3 + [
+        record(Reason.INFRA, Action.STOP, False, "gpu-a1")
+    ]
+    assert history_of(stopped) == History(
+        attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=("gpu-b2", "gpu-a1")
+    )
+    cancelled = [record(Reason.TIMED_OUT, Action.REQUEUE, True), record(Reason.CANCELLED, Action.STOP, True)]
+    after = history_after(history_of(cancelled), Reason.INFRA, False, None)
+    assert after.attempts == 1 and after.timeouts == 0 and after.consecutive_failures == 1
