@@ -69,7 +69,10 @@ class Part:
 
 @dataclass(frozen=True)
 class FetchOptions:
-    part_size: int = 16 * MiB  # 8-16 MiB parts survive a proxy that resets 20% of requests; 64 MiB do not
+    # Larger than upload parts (8-16 MiB, which restart whole after a reset): a range cut short resumes where
+    # it stopped, so its size no longer decides whether it gets through, and fewer requests cost the client
+    # and the server less (a SeaweedFS restore here: 0.4 CPU-s less on each side per GB than 16 MiB ranges).
+    part_size: int = 64 * MiB
     max_concurrency: int = 8  # parts in flight at once (the client's connection pool must be at least this)
     max_attempts: int = 10  # tries per part, the first included, before the fetch fails
 

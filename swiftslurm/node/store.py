@@ -474,11 +474,8 @@ class CheckpointStore:
                 fsync_dir(Path(below))  # the files' names must be as durable as their bytes
 
     def _fetch_options(self) -> FetchOptions:
-        return FetchOptions(
-            part_size=self.spec.part_size_mb * MiB,
-            max_concurrency=self.spec.max_concurrency,
-            max_attempts=self.spec.max_attempts,
-        )
+        """Ranges of fetch's own size, not `part_size_mb` (see FetchOptions.part_size)."""
+        return FetchOptions(max_concurrency=self.spec.max_concurrency, max_attempts=self.spec.max_attempts)
 
     def _listed_as_manifest_says(self, step: int, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The listing's entry (Size, ETag) of each manifest file, in the manifest's order. One listing instead of
