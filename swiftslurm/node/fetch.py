@@ -40,6 +40,7 @@ MiB = 1 << 20
 # spend more in Python per byte, and 2 MiB or more ~3x the kernel's (each read is then a fresh mmap'd buffer).
 READ_SIZE = MiB
 _HASH_READ_SIZE = 4 * MiB  # read back for hashing where the file cannot be mapped
+_MAX_OPEN = 64  # files open at once (each early write-back holds one more descriptor while it runs)
 _FSYNC_THREADS = 2  # files fsynced at once, off the download threads (fsync waits for the disk)
 
 
@@ -131,8 +132,8 @@ class _FileState:
 
     index: int  # in the fetch's list of files
     remote: RemoteFile
-    fd: int
     parts_left: int
+    fd: int = -1  # open from its first part until it is fsynced: a checkpoint may have more files than fds
     landed: dict[int, int] = field(default_factory=dict)  # start -> length, landed but not hashed yet
     hashed_to: int = 0
     digest: Any = field(default_factory=hashlib.sha256)
@@ -165,6 +166,7 @@ class Fetch:
         self._states: list[_FileState] = []
         self._fsyncs = ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="swiftslurm-fsync")
         self._durable: list[Future[None]] = []
+        self._open_slots = threading.Semaphore(_MAX_OPEN)
 
     def cancel(self) -> None:
         self._stop.set()
@@ -174,9 +176,10 @@ class Fetch:
         `StorageError` once a part's attempts are spent, or botocore's error when a request is refused).
         The files stay where they are, whole or not: the caller owns the folder."""
         try:
-            self._open_all()
+            self._plan_all()
             for state in self._states:
-                if state.parts_left == 0:  # empty files: no part will finish them
+                if state.parts_left == 0:  # empty files: no part will create or finish them
+                    self._open(state)
                     self._finish(state)
             self._download(split_ranges([f.size for f in self.files], self.options.part_size))
             for future in self._durable:
@@ -185,16 +188,39 @@ class Fetch:
             self._stop.set()
             self._fsyncs.shutdown(wait=True)
             for state in self._states:
-                os.close(state.fd)
+                if state.fd >= 0:
+                    os.close(state.fd)
 
-    def _open_all(self) -> None:
+    def _plan_all(self) -> None:
         counts = [0] * len(self.files)
         for part in split_ranges([f.size for f in self.files], self.options.part_size):
             counts[part.file] += 1
         for remote, count in zip(self.files, counts, strict=True):
-            fd = os.open(remote.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._states.append(_FileState(len(self._states), remote, fd, count))
-            os.ftruncate(fd, remote.size)  # sparse: not posix_fallocate, which writes zeros on NFS/Lustre
+            self._states.append(_FileState(len(self._states), remote, count))
+
+    def _open(self, state: _FileState) -> int:
+        """The file's descriptor, the file created at its full size on first use. Waits while `_MAX_OPEN`
+        files are open: small files arrive faster than they are fsynced, and each waits open until it is."""
+        with state.lock:
+            if state.fd >= 0:
+                return state.fd
+        while not self._open_slots.acquire(timeout=0.5):
+            if self._stop.is_set():  # failed elsewhere: the files holding the slots may never finish
+                raise Cancelled("the download was stopped")
+        with state.lock:
+            if state.fd >= 0:  # another part of this file opened it meanwhile
+                self._open_slots.release()
+            else:
+                state.fd = os.open(state.remote.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(state.fd, state.remote.size)  # sparse: posix_fallocate writes zeros on NFS/Lustre
+            return state.fd
+
+    def _fsync_and_close(self, state: _FileState) -> None:
+        os.fsync(state.fd)
+        with state.lock:
+            os.close(state.fd)
+            state.fd = -1
+        self._open_slots.release()
 
     def _download(self, parts: list[Part]) -> None:
         """The parts over `max_concurrency` threads, each taking the next part in order as it frees up. The
@@ -243,6 +269,7 @@ class Fetch:
         request = {"Bucket": self.bucket, "Key": state.remote.key, "Range": part.http_range}
         if state.remote.etag:
             request["IfMatch"] = state.remote.etag
+        fd = self._open(state)
         body = self.client.get_object(**request)["Body"]
         received = 0
         try:
@@ -253,7 +280,7 @@ class Fetch:
                 if not chunk:
                     raise _ShortBody(f"the body ended after {received} of {part.length} bytes")
                 with state.write_lock:
-                    _write_at(state.fd, chunk, part.start + received)
+                    _write_at(fd, chunk, part.start + received)
                 received += len(chunk)
                 if self.progress is not None:
                     self.progress(len(chunk))
@@ -291,14 +318,18 @@ class Fetch:
         would otherwise hold it in the page cache for up to 30 s, and a restore would end with the disk
         writing the last file while the network idles. At most one queued per file."""
         with state.lock:
-            if state.flush_queued:
+            if state.flush_queued or state.fd < 0:
                 return
             state.flush_queued = True
+            fd = os.dup(state.fd)  # a descriptor of its own: the file's is closed once it is complete
 
         def flush() -> None:
             with state.lock:
                 state.flush_queued = False
-            os.fdatasync(state.fd)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
 
         self._durable.append(self._fsyncs.submit(flush))
 
@@ -310,7 +341,7 @@ class Fetch:
             raise FileMismatch(state.index, f"{size} bytes, manifest says {remote.size}")
         if state.digest.hexdigest() != remote.sha256:
             raise FileMismatch(state.index, "SHA-256 differs")
-        self._durable.append(self._fsyncs.submit(os.fsync, state.fd))
+        self._durable.append(self._fsyncs.submit(self._fsync_and_close, state))
 
 
 def _write_at(fd: int, data: bytes, offset: int) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import resource
 import threading
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,19 @@ def test_files_that_cannot_be_mapped_are_hashed_by_reading(tmp_path: Path, monke
     objects = some_objects()
     files = remote_files(objects, tmp_path)
     Fetch(FakeS3(objects), BUCKET, files, OPTIONS).run()
+    assert [f.path.read_bytes() for f in files] == list(objects.values())
+
+
+def test_a_checkpoint_of_more_files_than_descriptors_is_fetched(tmp_path: Path) -> None:
+    """Files are opened when their first part arrives and closed once fsynced, not all at once."""
+    objects = {f"shard_{i:04d}": random.Random(i).randbytes(50) for i in range(600)}
+    files = remote_files(objects, tmp_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 100, hard))
+    try:
+        Fetch(FakeS3(objects), BUCKET, files, OPTIONS).run()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert [f.path.read_bytes() for f in files] == list(objects.values())
 
 
