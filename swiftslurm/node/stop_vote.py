@@ -8,9 +8,10 @@ be queueing the next step's kernels.
 Here the flag travels on a CPU-only gloo group, asynchronously: the vote posted at the end of step N is read
 at the end of step N+2. Every rank has posted it by then (they all ran step N+1's collectives), and gloo's
 thread has had a whole step to finish it even on a node whose CPUs are busy, so the read does not wait, and
-nothing touches the GPU. What is left is posting the vote: tens of microseconds on an idle CPU; 0.6-1.2 ms a
-step on this project's 2-core test machine with four training processes on it (mostly waiting for a CPU),
-and the trainer logs the figure for every run. Every rank reads the same vote at the same step, so all stop
+nothing touches the GPU. What is left is posting the vote: microseconds on an idle CPU; a median of 0.6 ms a
+step (2.3 ms at worst) over the test suite's multi-process runs on its 2-core machine, where four training
+processes and three SLURM daemons share the cores (mostly waiting for a CPU). The trainer logs the figure
+for every run. Every rank reads the same vote at the same step, so all stop
 at the same step, two steps after the signal. Without torch.distributed (one process) the local flag decides
 at once.
 """
