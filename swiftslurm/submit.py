@@ -5,6 +5,7 @@ This module and ``slurm_cli`` are the only places that touch the scheduler.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -133,6 +134,11 @@ def submit(plan: JobPlan) -> submitit.Job[Any]:
         raise SubmitError(f"Submission failed: {err}".strip()) from err
 
 
+def allocation_key(plan: JobPlan) -> str:
+    """What SLURM is asked for, without the job name: runs with equal keys can share one job array."""
+    return json.dumps(executor_parameters(plan) | {"name": ""}, sort_keys=True, default=str)
+
+
 def submit_array(plans: list[JobPlan], folder: Path, parallelism: int) -> list[submitit.Job[Any]]:
     """Submit runs that ask for the same allocation as one SLURM job array (one sbatch), at most
     ``parallelism`` of them running at once (`--array=0-N%parallelism`). Each task is an ordinary run:
@@ -140,7 +146,7 @@ def submit_array(plans: list[JobPlan], folder: Path, parallelism: int) -> list[s
     from swiftslurm.node.supervise import submitit_entry
 
     first = plans[0]
-    if any(executor_parameters(p) | {"name": ""} != executor_parameters(first) | {"name": ""} for p in plans):
+    if len({allocation_key(p) for p in plans}) > 1:
         raise SubmitError("an array's runs must ask for the same allocation; submit them as separate jobs.")
     check_cluster(first)
     for plan in plans:

@@ -8,7 +8,6 @@ on its own. Running the same sweep again skips the points that are finished or s
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -59,8 +58,7 @@ def submit_planned(sweep_dir: Path, parallelism: int) -> list[str]:
     groups: dict[str, list[tuple[dict[str, Any], JobPlan]]] = {}
     for point in planned:
         plan = JobPlan.load(Path(point["run_dir"]) / "plan.json")
-        key = json.dumps(submit.executor_parameters(plan) | {"name": ""}, sort_keys=True, default=str)
-        groups.setdefault(key, []).append((point, plan))
+        groups.setdefault(submit.allocation_key(plan), []).append((point, plan))
     job_ids = []
     for members in groups.values():
         jobs = submit.submit_array([plan for _, plan in members], sweep_dir / "submitit", parallelism)
