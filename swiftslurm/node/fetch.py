@@ -176,12 +176,13 @@ class Fetch:
         `StorageError` once a part's attempts are spent, or botocore's error when a request is refused).
         The files stay where they are, whole or not: the caller owns the folder."""
         try:
-            self._plan_all()
+            parts = split_ranges([f.size for f in self.files], self.options.part_size)
+            self._plan_all(parts)
             for state in self._states:
                 if state.parts_left == 0:  # empty files: no part will create or finish them
                     self._open(state)
                     self._finish(state)
-            self._download(split_ranges([f.size for f in self.files], self.options.part_size))
+            self._download(parts)
             for future in self._durable:
                 future.result()
         finally:
@@ -191,9 +192,9 @@ class Fetch:
                 if state.fd >= 0:
                     os.close(state.fd)
 
-    def _plan_all(self) -> None:
+    def _plan_all(self, parts: list[Part]) -> None:
         counts = [0] * len(self.files)
-        for part in split_ranges([f.size for f in self.files], self.options.part_size):
+        for part in parts:
             counts[part.file] += 1
         for remote, count in zip(self.files, counts, strict=True):
             self._states.append(_FileState(len(self._states), remote, count))
