@@ -18,6 +18,7 @@ at once.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -30,6 +31,7 @@ class StopVote:
     def __init__(self) -> None:
         self._group: Any = None
         self._pending: deque[tuple[Any, Any]] = deque()  # (async work, its CPU tensor), oldest first
+        self._steps, self._spent_s, self._worst_s = 0, 0.0, 0.0  # what voting cost the training loop
 
     def join(self) -> None:
         """Create the CPU group; a collective call, so every rank calls it at the same point (train begin)."""
@@ -40,7 +42,19 @@ class StopVote:
 
     def step_end(self, requested: bool) -> bool:
         """Post this step's flag; return whether the vote posted LAG_STEPS steps ago says stop (on every rank
-        alike)."""
+        alike). Timed: `cost_line` says what it cost."""
+        started = time.perf_counter()
+        agreed = self._vote(requested)
+        spent = time.perf_counter() - started
+        self._steps, self._spent_s, self._worst_s = self._steps + 1, self._spent_s + spent, max(self._worst_s, spent)
+        return agreed
+
+    def cost_line(self) -> str:
+        """What voting cost the training loop so far, as the log line bench/gpu_overhead.py reads ("" before
+        the first step)."""
+        return vote_cost_line(self._steps, self._spent_s, self._worst_s) if self._steps else ""
+
+    def _vote(self, requested: bool) -> bool:
         if self._group is None:
             return requested
         import torch

@@ -16,14 +16,13 @@ import logging
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
 from swiftslurm.node import checkpoint
-from swiftslurm.node.stop_vote import StopVote, vote_cost_line
+from swiftslurm.node.stop_vote import StopVote
 
 log = logging.getLogger("swiftslurm")
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
@@ -56,7 +55,6 @@ class StopCallback(TrainerCallback):
         self._requested = False
         self._stopping = False
         self._vote = StopVote()
-        self._steps, self._spent_s, self._worst_s = 0, 0.0, 0.0  # what the vote costs the training loop
         for sig in self.SIGNALS:
             signal.signal(sig, self._record)
 
@@ -68,11 +66,7 @@ class StopCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        agreed = self._vote.step_end(self._requested)
-        spent = time.perf_counter() - started
-        self._steps, self._spent_s, self._worst_s = self._steps + 1, self._spent_s + spent, max(self._worst_s, spent)
-        if agreed and not self._stopping:
+        if self._vote.step_end(self._requested) and not self._stopping:
             print(f"[swiftslurm] stop signal: saving step {state.global_step} and stopping", flush=True)
             self._stopping = True
             control.should_save = True
@@ -85,8 +79,8 @@ class StopCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._vote.finish()
-        if state.is_world_process_zero and self._steps:
-            print(vote_cost_line(self._steps, self._spent_s, self._worst_s), flush=True)
+        if state.is_world_process_zero and (cost := self._vote.cost_line()):
+            print(cost, flush=True)
         return control
 
 
