@@ -3,7 +3,8 @@
 # the 0.44B random Qwen3 into /tmp/gpu-assets (both only once per machine), then runs the steps named:
 #
 #   [OVERHEAD_ARGS="--max-steps 80 ..."] bash bench/gpu_device.sh BUDGET_S STEP...
-#   STEP: preflight | matrix[=CASE,CASE] | overhead=FIRST_PAIR:PAIRS (OVERHEAD_ARGS: more bench/gpu_overhead.py options)
+#   STEP: preflight | matrix[=CASE,CASE] (MATRIX_ARGS: more bench/gpu_matrix.py options)
+#         | overhead=FIRST_PAIR:PAIRS (OVERHEAD_ARGS: more bench/gpu_overhead.py options)
 #
 # Results go to $OUT (at most 8 files come back): device.log, preflight.json, matrix.json, overhead.jsonl,
 # versions.json and the run logs as .tgz. No overhead pair starts that would end after BUDGET_S.
@@ -47,7 +48,9 @@ for step in "$@"; do
       ;;
     matrix*)
       cases=${step#matrix}
-      python3 bench/gpu_matrix.py "${common[@]}" --runs "$runs/gpu-matrix" --case-timeout-s 420 --cases "${cases#=}"
+      read -ra extra <<<"${MATRIX_ARGS:-}"
+      python3 bench/gpu_matrix.py "${common[@]}" --runs "$runs/gpu-matrix" --case-timeout-s 420 --cases "${cases#=}" \
+        "${extra[@]}"
       tar -czf "$out/matrix-logs.tgz" --exclude=output "$runs/gpu-matrix" 2>/dev/null
       ;;
     overhead=*)

@@ -254,6 +254,8 @@ def check(run_dir: Path, max_steps: int) -> dict[str, Any]:
             problems.append(f"attempt 2 ended {second.get('reason')}: {second.get('why')}")
         if second.get("quarantined"):
             problems.append(f"quarantined {second.get('quarantined')}")
+    facts["preflight"] = preflight_reports(run_dir)
+    problems += [f"preflight {r['attempt']} failed: {r['failed']}" for r in facts["preflight"] if not r["ok"]]
     if max_steps not in facts["committed_steps"]:
         problems.append(f"no commit of checkpoint-{max_steps}")
     if status.get("state") != "finished":
@@ -261,6 +263,27 @@ def check(run_dir: Path, max_steps: int) -> dict[str, Any]:
     facts["ok"] = not problems
     facts["why"] = "; ".join(problems)
     return facts
+
+
+def preflight_reports(run_dir: Path) -> list[dict[str, Any]]:
+    """The preflight of each attempt that ran one (`preflight=true`: the first attempt of a job): its verdict,
+    every check as `node: name` with what it saw, and the GPU topology node 0 captured."""
+    found = []
+    for path in sorted(run_dir.glob("preflight/*/report.json")):
+        report = json.loads(path.read_text())
+        checks = [(n["host"], c) for n in report["nodes"] for c in n["checks"]]
+        found.append(
+            {
+                "attempt": report["attempt"],
+                "ok": report["ok"],
+                "checks": [
+                    f"{host}: {c['name']}: {'ok' if c['ok'] else 'FAILED'}: {c['detail']}" for host, c in checks
+                ],
+                "failed": [f"{host}: {c['name']}" for host, c in checks if not c["ok"]],
+                "topology": report["nodes"][0].get("topology", "") if report["nodes"] else "",
+            }
+        )
+    return found
 
 
 def main() -> None:
@@ -304,6 +327,10 @@ def main() -> None:
             f"{r.get('final_step')!s:6s} {','.join(map(str, r.get('committed_steps', []))):17s} "
             f"{r['seconds']:7.1f}  {r.get('memory_gib')!s:11s}  {r.get('why') or r.get('error', '')[:300]}"
         )
+    for r in results:
+        for report in r.get("preflight", []):
+            print(f"\npreflight of {r['case']} ({report['attempt']}): {'passed' if report['ok'] else 'FAILED'}")
+            print("\n".join(f"  {line}" for line in report["checks"]))
 
 
 if __name__ == "__main__":
