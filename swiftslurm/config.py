@@ -147,6 +147,9 @@ class StorageConfig:
     max_concurrency: int = doc(8, "Parallel parts and files per upload or download.")
     max_attempts: int = doc(10, "Attempts per S3 request (boto3 retries, exponential back-off).")
     wait_at_exit_s: float = doc(300.0, "At the end of an attempt, wait at most this long for pending uploads, in s.")
+    background_priority: str = doc(
+        "idle", "`idle`: uploads get only CPU and disk time training leaves idle (Linux); `normal`: share it equally."
+    )
 
 
 @dataclass

@@ -290,6 +290,7 @@ def _storage(cfg: Config, run_name: str) -> StorageSpec | None:
         max_attempts=s.max_attempts,
         max_concurrency=s.max_concurrency,
         wait_at_exit_s=s.wait_at_exit_s,
+        background_priority=s.background_priority,
     )
 
 

@@ -31,12 +31,17 @@ class StorageSpec:
     retry_mode: str = "standard"  # boto3 retry mode: "standard" | "adaptive" (adds client-side rate limiting)
     max_concurrency: int = 8  # parts and files in flight at once
     wait_at_exit_s: float = 300.0  # how long the end of an attempt waits for pending uploads, s
+    background_priority: str = "idle"  # uploads during training: "idle" (CPU and disk time training leaves) | "normal"
     timeout_s: float = 60.0  # connect and read timeout of one request, s: a stalled request is retried after it
 
     def __post_init__(self) -> None:
         if not self.bucket:
             raise StorageError("storage.bucket is empty. HINT: set `storage.bucket=<bucket name>`.")
-        choices = {"addressing_style": ("auto", "path", "virtual"), "retry_mode": ("standard", "adaptive")}
+        choices = {
+            "addressing_style": ("auto", "path", "virtual"),
+            "retry_mode": ("standard", "adaptive"),
+            "background_priority": ("idle", "normal"),
+        }
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise StorageError(f"storage.{name}={getattr(self, name)!r} is not valid. {one_of(valid)}")

@@ -91,6 +91,7 @@ def _check_storage(cfg: Config) -> None:
     storage = cfg.storage
     _choice("storage.kind", storage.kind, ("none", "s3"))
     _choice("storage.addressing_style", storage.addressing_style, ("auto", "path", "virtual"))
+    _choice("storage.background_priority", storage.background_priority, ("idle", "normal"))
     if storage.kind == "s3" and not storage.bucket:
         raise ConfigError(
             "storage=s3 needs a bucket. HINT: add storage.bucket=NAME (and storage.endpoint_url=URL for "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swiftslurm.node.checkpoint import checkpoint_step, is_committed
+from swiftslurm.node.priority import lower_this_thread
 from swiftslurm.node.store import CheckpointStore
 
 log = logging.getLogger("swiftslurm.uploader")
@@ -95,6 +96,8 @@ class Uploader:
         return self.pending()
 
     def _run(self) -> None:
+        # Uploads use what training leaves idle; the send threads, created from this one, inherit it.
+        lower_this_thread(self.store.spec.background_priority)
         while (item := self._next_due()) is not None:
             self._attempt(item)
 
