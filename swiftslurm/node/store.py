@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,6 +37,7 @@ from swiftslurm.node.checkpoint import (
     write_json_atomic,
 )
 from swiftslurm.node.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
+from swiftslurm.node.send import LocalFile, Send, SendOptions
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 log = logging.getLogger("swiftslurm.store")
@@ -44,6 +45,7 @@ MiB = 1 << 20
 _MANIFEST_KEY = re.compile(r"checkpoint-(\d+)/" + re.escape(MANIFEST))
 _FOLDER_KEY = re.compile(r"checkpoint-(\d+)/")
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+_DIGEST_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 _CREDENTIALS_HINT = (
@@ -112,6 +114,12 @@ def _as_storage_error(spec: StorageSpec, action: str, err: Exception) -> Storage
             f"{action}: bucket `{spec.bucket}` does not exist ({spec.url}). HINT: create it "
             f"(e.g. `aws s3 mb s3://{spec.bucket}`) or fix `storage.bucket`."
         )
+    if code in _DIGEST_CODES:
+        return StorageError(
+            f"{action}: the store refused bytes that differ from their SHA-256 ({code}): a file changed after its "
+            "commit, or bytes were damaged on the way. HINT: nothing may write into a committed checkpoint; "
+            "damage on the way is retried with the next attempt."
+        )
     if code in _AUTH_CODES or code == "403":
         return StorageError(f"{action}: the store refused the credentials ({code}, {spec.url}). {_CREDENTIALS_HINT}")
     return StorageError(f"{action} failed ({spec.url}): {code}: {err.response.get('Error', {}).get('Message', err)}")
@@ -119,13 +127,12 @@ def _as_storage_error(spec: StorageSpec, action: str, err: Exception) -> Storage
 
 @contextmanager
 def _explained(spec: StorageSpec, action: str) -> Iterator[None]:
-    """Raise botocore's and s3transfer's errors as StorageError messages that say what to change."""
+    """Raise botocore's errors as StorageError messages that say what to change."""
     from botocore.exceptions import BotoCoreError, ClientError
-    from s3transfer.exceptions import RetriesExceededError
 
     try:
         yield
-    except (BotoCoreError, ClientError, RetriesExceededError) as err:
+    except (BotoCoreError, ClientError) as err:
         raise _as_storage_error(spec, action, err) from err
 
 
@@ -157,20 +164,6 @@ def _progress_bar(label: str, total: int) -> Any | None:
     except ImportError:
         return None
     return tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
-
-
-def _subscribers(bar: Any | None) -> list[Any]:
-    if bar is None:
-        return []
-    from s3transfer.subscribers import BaseSubscriber
-
-    advance = bar.update  # s3transfer reports progress from its worker threads; tqdm locks
-
-    class _Advance(BaseSubscriber):
-        def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
-            advance(bytes_transferred)
-
-    return [_Advance()]
 
 
 def summary(verb: str, step: int, files: int, size: int, seconds: float) -> str:
@@ -265,37 +258,6 @@ class CheckpointStore:
 
     # -- transfers -----------------------------------------------------------------------------------------
 
-    def _transfer_manager(self) -> Any:
-        from boto3.s3.transfer import TransferConfig
-        from s3transfer.manager import TransferManager
-
-        part = self.spec.part_size_mb * MiB
-        config = TransferConfig(
-            multipart_threshold=part,
-            multipart_chunksize=part,
-            max_concurrency=self.spec.max_concurrency,
-        )
-        return TransferManager(self.client, config)
-
-    def _run_transfers(self, action: str, start_all: Callable[[Any], list[Any]]) -> None:
-        """Start transfers on one manager (files and parts share `max_concurrency`) and wait for all of them;
-        the first failure cancels the rest and is raised."""
-        try:
-            with _explained(self.spec, action), self._transfer_manager() as manager:
-                futures = start_all(manager)
-                with self._lock:
-                    self._in_flight.update(futures)
-                try:
-                    for future in futures:
-                        future.result()
-                finally:
-                    with self._lock:
-                        self._in_flight.difference_update(futures)
-        except StorageError:
-            raise
-        except Exception as err:  # e.g. a reply cut mid-headers parses into a KeyError or ValueError, unretried
-            raise StorageError(f"{action} failed: {type(err).__name__}: {err}") from err
-
     def cancel(self) -> None:
         """Cancel the transfers in flight (from another thread); the call running them raises."""
         with self._lock:
@@ -340,25 +302,27 @@ class CheckpointStore:
         return bool(head.get("Metadata", {}).get("sha256") == entry["sha256"])
 
     def _send(self, checkpoint: Path, step: int, entries: list[dict[str, Any]]) -> None:
+        """The files, in parallel parts (swiftslurm.node.send), each request checked by the server (SHA-256)."""
+        files = [
+            LocalFile(checkpoint / entry["path"], self.key(step, entry["path"]), entry["size"], entry["sha256"])
+            for entry in entries
+        ]
         bar = _progress_bar(f"upload checkpoint-{step}", sum(e["size"] for e in entries))
-        subscribers = _subscribers(bar)
-
-        def start_all(manager: Any) -> list[Any]:
-            return [
-                manager.upload(
-                    str(checkpoint / entry["path"]),
-                    self.spec.bucket,
-                    self.key(step, entry["path"]),
-                    # The server checks each part's SHA-256; the metadata lets a retry skip files already there.
-                    extra_args={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": entry["sha256"]}},
-                    subscribers=subscribers,
-                )
-                for entry in entries
-            ]
-
+        options = SendOptions(part_size=self.spec.part_size_mb * MiB, max_concurrency=self.spec.max_concurrency)
+        send = Send(self.client, self.spec.bucket, files, options, bar.update if bar else None)
+        with self._lock:
+            self._in_flight.add(send)
+        action = f"uploading checkpoint-{step} to {self.spec.url}"
         try:
-            self._run_transfers(f"uploading checkpoint-{step} to {self.spec.url}", start_all)
+            with _explained(self.spec, action):
+                send.run()
+        except StorageError:
+            raise
+        except Exception as err:  # e.g. a reply cut mid-headers parses into a KeyError or ValueError, unretried
+            raise StorageError(f"{action} failed: {type(err).__name__}: {err}") from err
         finally:
+            with self._lock:
+                self._in_flight.discard(send)
             if bar is not None:
                 bar.close()
 

@@ -151,6 +151,14 @@ def test_retry_after_a_cut_short_upload_skips_files_already_stored(store: Checkp
     assert store.committed_steps() == [10]
 
 
+def test_upload_refuses_a_file_changed_since_its_commit(store: CheckpointStore, tmp_path: Path) -> None:
+    local = make_checkpoint(tmp_path, 30)
+    (local / "global_step" / "shard" / "optim.pt").write_bytes(b"\0" * 100_000)  # same size, other bytes
+    with pytest.raises(StorageError, match="changed after its commit"):  # the server checks the manifest's SHA-256
+        store.upload(local)
+    assert 30 not in store.committed_steps()
+
+
 def test_download_refuses_a_corrupted_remote_file(store: CheckpointStore, tmp_path: Path) -> None:
     local = make_checkpoint(tmp_path / "a", 20)
     store.upload(local)

@@ -1,0 +1,242 @@
+"""Upload a checkpoint's files to S3 in parallel parts, each part checksummed (SHA-256) for the server to verify.
+
+Why not s3transfer's upload: it streams every part through file-like wrappers that botocore and http.client
+read in small pieces, each a few Python calls under the GIL, and it hashes small files the manifest has
+hashed already. Here each worker thread takes the next (file, part): it reads the part whole (`pread`,
+which releases the GIL), hashes it (hashlib releases the GIL too) and sends it as one `bytes` body, which
+the socket writes without coming back to Python (docs/storage.md#benchmark).
+
+What an upload must guarantee, and where it is done:
+
+- Checked by the server: every request carries `x-amz-checksum-sha256`, and the server refuses a body that
+  does not match it. A file of one part sends the manifest's SHA-256 (computed at commit), so a file that
+  changed on disk since its commit is refused too; a multipart file sends each part's own, hashed here.
+- Retried: botocore retries each request (connection errors, 5xx, throttling) with back-off; a `bytes` body
+  is simply sent again. A part that still fails fails the upload, which the caller retries whole later
+  (files already stored are skipped then: each carries its manifest SHA-256 as metadata).
+- Nothing half-made is left to look complete: a multipart upload that fails is aborted (best-effort), and
+  the caller publishes the manifest only after this returns and the sizes are checked.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.storage_spec import StorageError
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """One file to send: where it is, where it goes, and what its manifest says."""
+
+    path: Path
+    key: str
+    size: int
+    sha256: str  # hex, from the manifest
+
+
+@dataclass(frozen=True)
+class SendOptions:
+    part_size: int  # a file larger than this goes in parts of this size (S3: at least 5 MiB but the last)
+    max_concurrency: int = 8  # requests in flight at once (the client's connection pool must be at least this)
+
+
+class Cancelled(StorageError):
+    """`Send.cancel` was called: the upload stopped early."""
+
+
+@dataclass
+class _Multipart:
+    """A file sent in parts: its upload id once created, and each part's (number, ETag, checksum) as it lands."""
+
+    file: LocalFile
+    parts_left: int
+    upload_id: str | None = None
+    done: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One request's worth: a whole file (``multipart`` None) or part ``number`` (1-based) of a multipart file."""
+
+    file: LocalFile
+    start: int
+    length: int
+    number: int = 0
+    multipart: _Multipart | None = None
+
+
+def pieces(files: list[LocalFile], part_size: int) -> list[_Piece]:
+    """Every request to make, in file order and within a file in byte order. A file of at most ``part_size``
+    bytes (empty ones too) is one PutObject; a larger one is a multipart upload of ``part_size`` parts."""
+    found: list[_Piece] = []
+    for file in files:
+        if file.size <= part_size:
+            found.append(_Piece(file, 0, file.size))
+            continue
+        starts = range(0, file.size, part_size)
+        multipart = _Multipart(file, len(starts))
+        found += [
+            _Piece(file, start, min(part_size, file.size - start), number, multipart)
+            for number, start in enumerate(starts, start=1)
+        ]
+    return found
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+class Send:
+    """Send ``files`` with ``client`` (a botocore S3 client) to ``bucket``; `run` does it, `cancel` (from another
+    thread) stops it. ``progress(n)`` is called with each count of bytes sent."""
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        files: list[LocalFile],
+        options: SendOptions,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.files = files
+        self.options = options
+        self.progress = progress
+        self._stop = threading.Event()  # set by `cancel`, or by the first failure: the other workers stop
+        self._multiparts: list[_Multipart] = []
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Send every file; raise the first failure (`Cancelled`, or botocore's error once its retries are
+        spent). Multipart uploads left unfinished by a failure are aborted."""
+        todo = pieces(self.files, self.options.part_size)
+        self._multiparts = list({id(p.multipart): p.multipart for p in todo if p.multipart}.values())
+        try:
+            self._send_all(todo)
+        except BaseException:
+            self._abort_unfinished()
+            raise
+
+    def _send_all(self, todo: list[_Piece]) -> None:
+        """The pieces over `max_concurrency` threads, each taking the next piece in order as it frees up. The
+        first failure stops the others (before their next piece) and is raised."""
+        queue: Iterator[_Piece] = iter(todo)
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while not self._stop.is_set():
+                with lock:
+                    piece = next(queue, None)
+                if piece is None:
+                    return
+                self._send(piece)
+            raise Cancelled("the upload was stopped")
+
+        with ThreadPoolExecutor(self.options.max_concurrency, thread_name_prefix="swiftslurm-send") as pool:
+            workers = [pool.submit(worker) for _ in range(min(self.options.max_concurrency, len(todo)))]
+            wait(workers, return_when=FIRST_EXCEPTION)
+            self._stop.set()  # all done, or one failed: either way nothing more to start
+        errors = [err for future in workers if (err := future.exception()) is not None]
+        causes = [err for err in errors if not isinstance(err, Cancelled)]  # the others stopped because of these
+        if errors:
+            raise (causes or errors)[0]
+
+    def _send(self, piece: _Piece) -> None:
+        if piece.multipart is None:
+            self._put_whole(piece.file)
+        else:
+            self._put_part(piece, piece.multipart)
+        if self.progress is not None:
+            self.progress(piece.length)
+
+    def _put_whole(self, file: LocalFile) -> None:
+        """A file in one PutObject, with the manifest's SHA-256: the server refuses bytes that differ from it."""
+        body = _read(file, 0, file.size)
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=file.key,
+            Body=body,
+            ChecksumSHA256=_b64(bytes.fromhex(file.sha256)),
+            Metadata={"sha256": file.sha256},  # lets a retry skip files already stored (CheckpointStore)
+        )
+
+    def _put_part(self, piece: _Piece, multipart: _Multipart) -> None:
+        """One part, hashed here (a part's SHA-256 is not in the manifest); the last one completes the file."""
+        upload_id = self._upload_id(multipart)
+        body = _read(piece.file, piece.start, piece.length)
+        checksum = _b64(hashlib.sha256(body).digest())
+        reply = self.client.upload_part(
+            Bucket=self.bucket,
+            Key=piece.file.key,
+            UploadId=upload_id,
+            PartNumber=piece.number,
+            Body=body,
+            ChecksumSHA256=checksum,
+        )
+        with multipart.lock:
+            multipart.done.append({"PartNumber": piece.number, "ETag": reply["ETag"], "ChecksumSHA256": checksum})
+            multipart.parts_left -= 1
+            last = multipart.parts_left == 0
+        if last:
+            self._complete(multipart, upload_id)
+
+    def _upload_id(self, multipart: _Multipart) -> str:
+        """The file's multipart upload, created by the first of its parts to be sent (the others wait for it)."""
+        with multipart.lock:
+            if multipart.upload_id is None:
+                reply = self.client.create_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=multipart.file.key,
+                    ChecksumAlgorithm="SHA256",
+                    Metadata={"sha256": multipart.file.sha256},
+                )
+                multipart.upload_id = reply["UploadId"]
+            return multipart.upload_id
+
+    def _complete(self, multipart: _Multipart, upload_id: str) -> None:
+        parts = sorted(multipart.done, key=lambda part: part["PartNumber"])
+        self.client.complete_multipart_upload(
+            Bucket=self.bucket, Key=multipart.file.key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+        )
+        with multipart.lock:
+            multipart.upload_id = None  # complete: nothing to abort
+
+    def _abort_unfinished(self) -> None:
+        """Abort the multipart uploads a failure left open, so the store does not keep their parts. Best-effort:
+        a store that cannot be reached now drops them by its own lifecycle rules, if any."""
+        for multipart in self._multiparts:
+            with multipart.lock:
+                upload_id, multipart.upload_id = multipart.upload_id, None
+            if upload_id is None:
+                continue
+            with contextlib.suppress(Exception):  # best-effort cleanup; the upload's own error is raised
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=multipart.file.key, UploadId=upload_id)
+
+
+def _read(file: LocalFile, start: int, length: int) -> bytes:
+    """Bytes [start, start + length) of a local file, read whole; shorter means the file changed since commit."""
+    fd = os.open(file.path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, length, start)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise StorageError(
+            f"{file.path} has fewer bytes than its manifest says ({file.size}); it changed after it was committed. "
+            "HINT: checkpoints must not be written to after their commit."
+        )
+    return data
