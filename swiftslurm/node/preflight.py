@@ -33,6 +33,7 @@ from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import preflight_checks as pc
+from swiftslurm.node import torch_probe
 from swiftslurm.node.checkpoint import write_json_atomic
 from swiftslurm.node.slurm_env import SlurmEnv, master_port
 from swiftslurm.plan import JobPlan
@@ -296,12 +297,24 @@ def _probe(args: list[str], plan: JobPlan | None, timeout_s: float) -> tuple[dic
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return None, f"no answer within {timeout_s:.0f} s"
-    lines = done.stdout.strip().splitlines()
-    try:
-        out = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        return None, f"exit status {done.returncode}: {done.stderr.strip()[-500:]}"
+    out = probe_result(done.stdout)
+    if out is None:
+        said = (done.stderr.strip() or done.stdout.strip())[-500:]
+        return None, f"exit status {done.returncode}, no result: {said}"
     return (None, out["error"]) if "error" in out else (out, None)
+
+
+def probe_result(stdout: str) -> dict[str, Any] | None:
+    """The torch_probe child's result: the last line that carries its mark (NCCL's log may come after it)."""
+    for line in reversed(stdout.splitlines()):
+        _, mark, rest = line.partition(torch_probe.RESULT_MARK)
+        if mark:
+            try:
+                found = json.loads(rest)
+            except ValueError:
+                continue
+            return found if isinstance(found, dict) else None
+    return None
 
 
 # ---------------------------------------------------------------- small helpers

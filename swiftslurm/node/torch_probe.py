@@ -1,7 +1,9 @@
 """`python -m swiftslurm.node.torch_probe facts|allreduce ...`: what preflight asks torch, in a child process.
 
 A child, so that the node wrapper never imports torch or creates a CUDA context that would stay on GPU 0 for
-the whole training run, and so that a hung rendezvous is ended by killing a process. Prints one JSON line.
+the whole training run, and so that a hung rendezvous is ended by killing a process. Prints one JSON line that
+starts with RESULT_MARK: NCCL writes its own log (NCCL_DEBUG=INFO, which people set exactly when they debug a
+cluster) to the same stdout, also after the result, so the parent looks for the mark, not the last line.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 import sys
 from datetime import timedelta
 from typing import Any
+
+RESULT_MARK = "swiftslurm-probe-result: "
 
 
 def facts() -> dict[str, Any]:
@@ -53,7 +57,7 @@ def main(argv: list[str]) -> int:
             out = allreduce(addr, int(port), int(rank), int(world), backend, float(timeout))
     except Exception as err:  # reported to the parent as a failed check, not a traceback
         out = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
-    print(json.dumps(out), flush=True)
+    print(RESULT_MARK + json.dumps(out), flush=True)
     return 0
 
 

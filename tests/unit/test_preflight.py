@@ -171,3 +171,19 @@ def test_checks_pass_on_this_machine(tmp_path: Path) -> None:
     assert report.ok, pc.render_table(report)
     assert str(model) in pc.render_table(report)
     assert json.loads((run_dir / "preflight" / "t1" / "report.json").read_text())["ok"] is True
+
+
+def test_probe_result_is_found_among_nccl_log_lines_printed_after_it() -> None:
+    """NCCL_DEBUG=INFO writes to the probe's stdout, also after its result (seen on 2 GPU "nodes")."""
+    mark = preflight.torch_probe.RESULT_MARK
+    stdout = "\n".join(
+        [
+            "vm:1234:1234 [0] NCCL INFO Bootstrap: Using lo:127.0.0.1<0>",
+            mark + json.dumps({"result": [3.0, 2.0]}),
+            "vm:1234:1250 [0] NCCL INFO comm 0x5a3c rank 0 nranks 2 - Destroy COMPLETE",
+        ]
+    )
+    assert preflight.probe_result(stdout) == {"result": [3.0, 2.0]}
+    # A log line written into the middle of ours still leaves the result readable from the mark on.
+    assert preflight.probe_result("NCCL INFO x " + mark + '{"error": "boom"}') == {"error": "boom"}
+    assert preflight.probe_result("NCCL INFO only\n{}") is None
