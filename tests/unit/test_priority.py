@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -113,3 +114,21 @@ def test_uploader_runs_uploads_at_the_configured_priority(
     assert uploader.drain(timeout_s=10) == []
     assert store.seen == [expected or this_thread()]
     assert this_thread() != (os.SCHED_IDLE, 19)  # the caller's thread (the wrapper's main loop) is untouched
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+@pytest.mark.skipif(not AUTOGROUP.exists(), reason="a kernel without autogroups")
+def test_idle_lowers_the_share_of_a_session_it_leads_and_no_other() -> None:
+    """As under srun: the process leads a session of its own. This test's process does not lead its session
+    (a shell's), and its session keeps its share (the other tests here lowered threads of this process)."""
+    script = (
+        "import pathlib; from swiftslurm.node.priority import lower_this_thread; "
+        "lower_this_thread('idle'); print(pathlib.Path('/proc/self/autogroup').read_text())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, start_new_session=True
+    )
+    assert done.stdout.split()[-1] == "19"  # "/autogroup-123 nice 19"
+    assert AUTOGROUP.read_text().split()[-1] != "19"
