@@ -33,7 +33,7 @@ class FakeS3:
 
     def put_object(self, **kwargs: Any) -> dict[str, Any]:
         self._record("put_object", kwargs)
-        self.objects[kwargs["Key"]] = kwargs["Body"]
+        self.objects[kwargs["Key"]] = bytes(kwargs["Body"])  # a server keeps a copy; the sender reuses buffers
         return {}
 
     def create_multipart_upload(self, **kwargs: Any) -> dict[str, Any]:
@@ -46,7 +46,7 @@ class FakeS3:
         self._record("upload_part", kwargs)
         if kwargs["PartNumber"] == self.fail_part:
             raise ConnectionError("reset by peer, every attempt")
-        self.uploads[kwargs["UploadId"]][kwargs["PartNumber"]] = kwargs["Body"]
+        self.uploads[kwargs["UploadId"]][kwargs["PartNumber"]] = bytes(kwargs["Body"])
         return {"ETag": f'"{kwargs["PartNumber"]}"'}
 
     def complete_multipart_upload(self, **kwargs: Any) -> dict[str, Any]:
