@@ -27,12 +27,13 @@ import mmap
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.node.parallel import Cancelled, each_in_parallel
 from swiftslurm.storage_spec import StorageError
 
 MiB = 1 << 20
@@ -85,10 +86,6 @@ class FileMismatch(StorageError):
         super().__init__(f"file {index} does not match its manifest ({what})")
         self.index = index
         self.what = what
-
-
-class Cancelled(StorageError):
-    """`Fetch.cancel` was called: the fetch stopped early."""
 
 
 def split_ranges(sizes: list[int], part_size: int) -> list[Part]:
@@ -226,25 +223,7 @@ class Fetch:
     def _download(self, parts: list[Part]) -> None:
         """The parts over `max_concurrency` threads, each taking the next part in order as it frees up. The
         first failure stops the others (at their next read) and is raised."""
-        queue: Iterator[Part] = iter(parts)
-        lock = threading.Lock()
-
-        def worker() -> None:
-            while True:
-                with lock:
-                    part = next(queue, None)
-                if part is None:
-                    return
-                self._fetch_part(part)
-
-        with ThreadPoolExecutor(self.options.max_concurrency, thread_name_prefix="swiftslurm-fetch") as pool:
-            workers = [pool.submit(worker) for _ in range(min(self.options.max_concurrency, len(parts)))]
-            wait(workers, return_when=FIRST_EXCEPTION)
-            self._stop.set()  # all done, or one failed: either way nothing more to start
-        errors = [err for future in workers if (err := future.exception()) is not None]
-        causes = [err for err in errors if not isinstance(err, Cancelled)]  # the others stopped because of these
-        if errors:
-            raise (causes or errors)[0]
+        each_in_parallel(parts, lambda: self._fetch_part, self.options.max_concurrency, self._stop, "swiftslurm-fetch")
 
     def _fetch_part(self, part: Part) -> None:
         """One part, asked again from where it broke off until it is whole or the attempts are spent."""

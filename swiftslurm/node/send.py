@@ -25,12 +25,12 @@ import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.node.parallel import each_in_parallel
 from swiftslurm.storage_spec import StorageError
 
 
@@ -48,10 +48,6 @@ class LocalFile:
 class SendOptions:
     part_size: int  # a file larger than this goes in parts of this size (S3: at least 5 MiB but the last)
     max_concurrency: int = 8  # requests in flight at once (the client's connection pool must be at least this)
-
-
-class Cancelled(StorageError):
-    """`Send.cancel` was called: the upload stopped early."""
 
 
 @dataclass
@@ -132,29 +128,14 @@ class Send:
             raise
 
     def _send_all(self, todo: list[_Piece]) -> None:
-        """The pieces over `max_concurrency` threads, each taking the next piece in order as it frees up. The
-        first failure stops the others (before their next piece) and is raised."""
-        queue: Iterator[_Piece] = iter(todo)
-        lock = threading.Lock()
+        """The pieces over `max_concurrency` threads, each with its own part buffer; the first failure stops
+        the others (before their next piece) and is raised."""
 
-        def worker() -> None:
+        def make_worker() -> Callable[[_Piece], None]:
             reader = _PartReader(self.options.part_size)
-            while not self._stop.is_set():
-                with lock:
-                    piece = next(queue, None)
-                if piece is None:
-                    return
-                self._send(piece, reader)
-            raise Cancelled("the upload was stopped")
+            return lambda piece: self._send(piece, reader)
 
-        with ThreadPoolExecutor(self.options.max_concurrency, thread_name_prefix="swiftslurm-send") as pool:
-            workers = [pool.submit(worker) for _ in range(min(self.options.max_concurrency, len(todo)))]
-            wait(workers, return_when=FIRST_EXCEPTION)
-            self._stop.set()  # all done, or one failed: either way nothing more to start
-        errors = [err for future in workers if (err := future.exception()) is not None]
-        causes = [err for err in errors if not isinstance(err, Cancelled)]  # the others stopped because of these
-        if errors:
-            raise (causes or errors)[0]
+        each_in_parallel(todo, make_worker, self.options.max_concurrency, self._stop, "swiftslurm-send")
 
     def _send(self, piece: _Piece, reader: _PartReader) -> None:
         if piece.multipart is None:

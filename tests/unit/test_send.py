@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from swiftslurm.node.send import Cancelled, LocalFile, Send, SendOptions, pieces
+from swiftslurm.node.parallel import Cancelled
+from swiftslurm.node.send import LocalFile, Send, SendOptions, pieces
 from swiftslurm.storage_spec import StorageError
 
 BUCKET = "b"
