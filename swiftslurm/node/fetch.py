@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.parallel import Cancelled, each_in_parallel
+from swiftslurm.node.parallel import Cancelled, Transfer, each_in_parallel
 from swiftslurm.storage_spec import StorageError
 
 MiB = 1 << 20
@@ -142,9 +142,8 @@ class _FileState:
     write_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class Fetch:
-    """Fetch ``files`` with ``client`` (a botocore S3 client) from ``bucket``; `run` does it, `cancel` (from
-    another thread) stops it. ``progress(n)`` is called with each count of bytes received."""
+class Fetch(Transfer[RemoteFile, FetchOptions]):
+    """Fetch ``files`` from ``bucket``: `run` does it (see Transfer)."""
 
     def __init__(
         self,
@@ -154,19 +153,11 @@ class Fetch:
         options: FetchOptions,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        self.client = client
-        self.bucket = bucket
-        self.files = files
-        self.options = options
-        self.progress = progress
-        self._stop = threading.Event()  # set by `cancel`, or by the first failure: the other workers stop
+        super().__init__(client, bucket, files, options, progress)
         self._states: list[_FileState] = []
         self._fsyncs = ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="swiftslurm-fsync")
         self._durable: list[Future[None]] = []
         self._open_slots = threading.Semaphore(_MAX_OPEN)
-
-    def cancel(self) -> None:
-        self._stop.set()
 
     def run(self) -> None:
         """Download, verify and fsync every file; raise the first failure (`FileMismatch`, `Cancelled`, a

@@ -1,5 +1,5 @@
-"""The worker pool that fetch.py (restores) and send.py (uploads) share: items handed out in order to a fixed
-number of threads, and the first failure stopping the rest.
+"""What fetch.py (restores) and send.py (uploads) share: the transfer's state, and the worker pool that hands
+items out in order to a fixed number of threads, the first failure stopping the rest.
 """
 
 from __future__ import annotations
@@ -7,15 +7,41 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from swiftslurm.storage_spec import StorageError
 
 Item = TypeVar("Item")
+File = TypeVar("File")
+Options = TypeVar("Options")
 
 
 class Cancelled(StorageError):
     """The transfer's `cancel` was called, or another worker failed first: it stopped early."""
+
+
+class Transfer(Generic[File, Options]):
+    """Many files between this node and ``bucket`` through ``client`` (a botocore S3 client). A subclass's
+    `run` does it; `cancel` (from another thread) stops it; ``progress(n)`` is called with each count of bytes
+    moved."""
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        files: list[File],
+        options: Options,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.files = files
+        self.options = options
+        self.progress = progress
+        self._stop = threading.Event()  # set by `cancel`, or by the first failure: the other workers stop
+
+    def cancel(self) -> None:
+        self._stop.set()
 
 
 def each_in_parallel(

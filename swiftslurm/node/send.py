@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.parallel import each_in_parallel
+from swiftslurm.node.parallel import Transfer, each_in_parallel
 from swiftslurm.storage_spec import StorageError
 
 
@@ -93,9 +93,8 @@ def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
 
 
-class Send:
-    """Send ``files`` with ``client`` (a botocore S3 client) to ``bucket``; `run` does it, `cancel` (from another
-    thread) stops it. ``progress(n)`` is called with each count of bytes sent."""
+class Send(Transfer[LocalFile, SendOptions]):
+    """Send ``files`` to ``bucket``: `run` does it (see Transfer)."""
 
     def __init__(
         self,
@@ -105,16 +104,8 @@ class Send:
         options: SendOptions,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        self.client = client
-        self.bucket = bucket
-        self.files = files
-        self.options = options
-        self.progress = progress
-        self._stop = threading.Event()  # set by `cancel`, or by the first failure: the other workers stop
+        super().__init__(client, bucket, files, options, progress)
         self._multiparts: list[_Multipart] = []
-
-    def cancel(self) -> None:
-        self._stop.set()
 
     def run(self) -> None:
         """Send every file; raise the first failure (`Cancelled`, or botocore's error once its retries are
