@@ -40,6 +40,9 @@ class Transfer(Generic[File, Options]):
         self.progress = progress
         self._stop = threading.Event()  # set by `cancel`, or by the first failure: the other workers stop
 
+    def run(self) -> None:
+        raise NotImplementedError
+
     def cancel(self) -> None:
         self._stop.set()
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,6 +37,7 @@ from swiftslurm.node.checkpoint import (
     write_json_atomic,
 )
 from swiftslurm.node.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
+from swiftslurm.node.parallel import Transfer
 from swiftslurm.node.send import LocalFile, Send, SendOptions
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
@@ -155,15 +156,22 @@ def _well_formed(manifest: Any, step: int) -> bool:
     )
 
 
-def _progress_bar(label: str, total: int) -> Any | None:
-    """A tqdm bar when someone is watching (stderr is a terminal) and tqdm is installed; else None."""
+@contextmanager
+def _progress(label: str, total: int) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm bar's `update` when someone is watching (stderr is a terminal) and tqdm is installed; else None."""
     if not sys.stderr.isatty():
-        return None
+        yield None
+        return
     try:
         from tqdm import tqdm
     except ImportError:
-        return None
-    return tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+        yield None
+        return
+    bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+    try:
+        yield bar.update
+    finally:
+        bar.close()
 
 
 def summary(verb: str, step: int, files: int, size: int, seconds: float) -> str:
@@ -182,7 +190,7 @@ class CheckpointStore:
         self.spec = spec
         self.client = client if client is not None else make_client(spec)
         self._lock = threading.Lock()
-        self._in_flight: set[Any] = set()
+        self._in_flight: set[Transfer[Any, Any]] = set()
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.spec.url})"
@@ -261,8 +269,24 @@ class CheckpointStore:
     def cancel(self) -> None:
         """Cancel the transfers in flight (from another thread); the call running them raises."""
         with self._lock:
-            for future in self._in_flight:
-                future.cancel()
+            for transfer in self._in_flight:
+                transfer.cancel()
+
+    def _run(self, transfer: Transfer[Any, Any], action: str) -> None:
+        """Run a send or fetch where `cancel` can reach it; botocore's errors, and any other surprise, are
+        raised as StorageError saying what was being done."""
+        with self._lock:
+            self._in_flight.add(transfer)
+        try:
+            with _explained(self.spec, action):
+                transfer.run()
+        except StorageError:
+            raise
+        except Exception as err:  # e.g. a reply cut mid-headers parses into a KeyError or ValueError, unretried
+            raise StorageError(f"{action} failed: {type(err).__name__}: {err}") from err
+        finally:
+            with self._lock:
+                self._in_flight.discard(transfer)
 
     # -- upload --------------------------------------------------------------------------------------------
 
@@ -307,24 +331,12 @@ class CheckpointStore:
             LocalFile(checkpoint / entry["path"], self.key(step, entry["path"]), entry["size"], entry["sha256"])
             for entry in entries
         ]
-        bar = _progress_bar(f"upload checkpoint-{step}", sum(e["size"] for e in entries))
         options = SendOptions(part_size=self.spec.part_size_mb * MiB, max_concurrency=self.spec.max_concurrency)
-        send = Send(self.client, self.spec.bucket, files, options, bar.update if bar else None)
-        with self._lock:
-            self._in_flight.add(send)
-        action = f"uploading checkpoint-{step} to {self.spec.url}"
-        try:
-            with _explained(self.spec, action):
-                send.run()
-        except StorageError:
-            raise
-        except Exception as err:  # e.g. a reply cut mid-headers parses into a KeyError or ValueError, unretried
-            raise StorageError(f"{action} failed: {type(err).__name__}: {err}") from err
-        finally:
-            with self._lock:
-                self._in_flight.discard(send)
-            if bar is not None:
-                bar.close()
+        with _progress(f"upload checkpoint-{step}", sum(e["size"] for e in entries)) as progress:
+            self._run(
+                Send(self.client, self.spec.bucket, files, options, progress),
+                f"uploading checkpoint-{step} to {self.spec.url}",
+            )
 
     def _check_sizes(self, step: int, entries: list[dict[str, Any]]) -> None:
         remote = dict(self._objects(self.key(step)))
@@ -414,25 +426,12 @@ class CheckpointStore:
             RemoteFile(item["Key"], path, entry["size"], entry["sha256"], item.get("ETag"))
             for entry, path, item in zip(entries, paths, listed, strict=True)
         ]
-        bar = _progress_bar(f"download checkpoint-{step}", sum(e["size"] for e in entries))
-        fetch = Fetch(self.client, self.spec.bucket, files, self._fetch_options(), bar.update if bar else None)
-        with self._lock:
-            self._in_flight.add(fetch)
-        action = f"downloading checkpoint-{step} from {self.spec.url}"
-        try:
-            with _explained(self.spec, action):
-                fetch.run()
-        except FileMismatch as err:
-            raise self._damaged(step, entries[err.index], err.what) from err
-        except StorageError:
-            raise
-        except Exception as err:  # e.g. a reply cut mid-headers that parses into a KeyError: unretried
-            raise StorageError(f"{action} failed: {type(err).__name__}: {err}") from err
-        finally:
-            with self._lock:
-                self._in_flight.discard(fetch)
-            if bar is not None:
-                bar.close()
+        with _progress(f"download checkpoint-{step}", sum(e["size"] for e in entries)) as progress:
+            fetch = Fetch(self.client, self.spec.bucket, files, self._fetch_options(), progress)
+            try:
+                self._run(fetch, f"downloading checkpoint-{step} from {self.spec.url}")
+            except FileMismatch as err:
+                raise self._damaged(step, entries[err.index], err.what) from err
         for below, _, _ in os.walk(staging):
             if below != str(staging):  # staging itself is fsynced with the manifest, just after
                 fsync_dir(Path(below))  # the files' names must be as durable as their bytes
