@@ -11,6 +11,8 @@ from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError, one_of
 
+BACKGROUND_PRIORITIES = ("idle", "normal")  # of uploads during training: swiftslurm.node.priority
+
 
 class StorageError(SwiftSlurmError):
     """The object store refused or failed an operation; the message says what to change."""
@@ -40,7 +42,7 @@ class StorageSpec:
         choices = {
             "addressing_style": ("auto", "path", "virtual"),
             "retry_mode": ("standard", "adaptive"),
-            "background_priority": ("idle", "normal"),
+            "background_priority": BACKGROUND_PRIORITIES,
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid:

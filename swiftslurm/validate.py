@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
+from swiftslurm.storage_spec import BACKGROUND_PRIORITIES
 
 if TYPE_CHECKING:
     from swiftslurm.config import Config
@@ -91,7 +92,7 @@ def _check_storage(cfg: Config) -> None:
     storage = cfg.storage
     _choice("storage.kind", storage.kind, ("none", "s3"))
     _choice("storage.addressing_style", storage.addressing_style, ("auto", "path", "virtual"))
-    _choice("storage.background_priority", storage.background_priority, ("idle", "normal"))
+    _choice("storage.background_priority", storage.background_priority, BACKGROUND_PRIORITIES)
     if storage.kind == "s3" and not storage.bucket:
         raise ConfigError(
             "storage=s3 needs a bucket. HINT: add storage.bucket=NAME (and storage.endpoint_url=URL for "

@@ -31,8 +31,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from swiftslurm.storage_spec import BACKGROUND_PRIORITIES
+
 log = logging.getLogger("swiftslurm.priority")
-PRIORITIES = ("idle", "normal")
 
 _LOWEST_NICE = 19
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}  # syscall numbers; Python's os module has no ioprio_set
@@ -45,8 +46,8 @@ def lower_this_thread(priority: str) -> None:
     """Give the calling thread, and the threads it creates from now on, `priority`: "idle" (the lowest CPU
     and I/O priority; the process's session too, against other sessions) or "normal" (unchanged). Not
     Linux: nothing changes."""
-    if priority not in PRIORITIES:
-        raise ValueError(f"priority {priority!r} is not one of {PRIORITIES}")
+    if priority not in BACKGROUND_PRIORITIES:
+        raise ValueError(f"priority {priority!r} is not one of {BACKGROUND_PRIORITIES}")
     if priority == "normal" or not sys.platform.startswith("linux"):
         return
     thread_id = threading.get_native_id()
