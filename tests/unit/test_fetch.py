@@ -154,6 +154,30 @@ def test_files_that_cannot_be_mapped_are_hashed_by_reading(tmp_path: Path, monke
     assert [f.path.read_bytes() for f in files] == list(objects.values())
 
 
+def test_a_received_piece_is_written_in_write_size_pieces_at_its_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large single writes get large page-cache folios, which cost several times the kernel CPU here (WRITE_SIZE)."""
+    sizes: list[int] = []
+    real_pwrite = os.pwrite
+
+    def recording_pwrite(fd: int, data: Any, offset: int) -> int:
+        sizes.append(len(data))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(fetch.os, "pwrite", recording_pwrite)
+    data = os.urandom(fetch.READ_SIZE + 5)
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 7)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fetch._write_at(fd, data, 7)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 7 + data
+    assert max(sizes) == fetch.WRITE_SIZE and sum(sizes) == len(data)
+
+
 def test_a_checkpoint_of_more_files_than_descriptors_is_fetched(tmp_path: Path) -> None:
     """Files are opened when their first part arrives and closed once fsynced, not all at once."""
     objects = {f"shard_{i:04d}": random.Random(i).randbytes(50) for i in range(600)}
