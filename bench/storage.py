@@ -355,9 +355,11 @@ def one_copy(setting: Setting, target: Target, direction: str, client: str, repe
     )
 
 
-def run_repeats(setting: Setting, target: Target, clients: list[str], repeats: int) -> list[Sample]:
+def run_repeats(
+    setting: Setting, target: Target, clients: list[str], repeats: int, directions: list[str]
+) -> list[Sample]:
     samples = []
-    for direction in target.directions:
+    for direction in (d for d in target.directions if d in directions):
         for repeat in range(repeats):
             for client in clients:  # interleaved: A B C A B C ...
                 sample = one_copy(setting, target, direction, client, repeat)
@@ -499,7 +501,7 @@ def throughput(args: argparse.Namespace) -> None:
         for name in args.targets.split(","):
             target = start_target(name, checkpoint, data_root)
             try:
-                samples += run_repeats(setting, target, clients, repeats)
+                samples += run_repeats(setting, target, clients, repeats, args.directions.split(","))
             finally:
                 target.stop()
         info |= {"versions": versions(tools), "shape": asdict(shape), "bytes": size, "repeats": repeats}
@@ -688,6 +690,7 @@ def main() -> None:
     parser.add_argument("--large-mib", type=int, default=Shape.large_mib, help="size of each large file, MiB")
     parser.add_argument("--small", type=int, default=Shape.small, help="small files")
     parser.add_argument("--small-kib", type=small_range, default=Shape.small_kib, help="their sizes, KiB: LOW-HIGH")
+    parser.add_argument("--directions", default="upload,restore", help="comma-separated, of upload, restore")
     parser.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     parser.add_argument("--clients", default=",".join(CLIENTS), help=f"comma-separated, of {', '.join(CLIENTS)}")
     parser.add_argument(
