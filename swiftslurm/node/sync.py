@@ -3,7 +3,7 @@
 The run directory is shared by every node (plan.json and the resume point must be), and the commit
 callback's manifest lists every file of a checkpoint, so node 0 sees each committed checkpoint whole and
 uploads it alone; the other nodes take no part. What is remote, pending and failing is written to
-<run_dir>/sync.json for `status` and for people.
+<run_dir>/sync.json for `status` and for people; when each upload ran, to <run_dir>/uploads.jsonl.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from swiftslurm.storage_spec import StorageSpec
 
 log = logging.getLogger("swiftslurm.sync")
 SYNC_STATE = "sync.json"
+UPLOAD_HISTORY = "uploads.jsonl"  # a line per upload (swiftslurm.node.uploader.Uploader: when, how long, how much)
 SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkpoints
 LAST_FAILURES = 5  # failures kept in sync.json
 
@@ -46,7 +47,9 @@ class NodeSync:
         self.spec = spec
         self.state_path = run_dir / SYNC_STATE
         self.output_dir = output_dir
-        self.uploader = Uploader(store if store is not None else CheckpointStore(spec))
+        self.uploader = Uploader(
+            store if store is not None else CheckpointStore(spec), history=run_dir / UPLOAD_HISTORY
+        )
         self._submitted: set[int] = set()
         self._scanned_at = float("-inf")
         self._written: dict[str, Any] | None = None

@@ -5,15 +5,16 @@ See swiftslurm.node.store for the remote layout (a checkpoint is remote only onc
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swiftslurm.node.checkpoint import checkpoint_step, is_committed
 from swiftslurm.node.priority import lower_this_thread
-from swiftslurm.node.store import CheckpointStore
+from swiftslurm.node.store import CheckpointStore, UploadResult
 
 log = logging.getLogger("swiftslurm.uploader")
 
@@ -33,15 +34,18 @@ class Uploader:
     """Uploads committed checkpoints in one background thread, one at a time, oldest first; training never waits.
 
     A failed upload is logged and stays pending for a retry with back-off. After each upload the remote
-    retention (`keep`) is applied. `drain` ends it: it waits (bounded) and returns what is still not uploaded.
-    The thread is not a daemon, and an interpreter exiting without `drain` drains for `wait_at_exit_s` first."""
+    retention (`keep`) is applied, and a line is appended to ``history`` (JSON: step, started (Unix time),
+    seconds, files, size, already_remote) when given: when each upload ran, to set beside training's steps.
+    `drain` ends it: it waits (bounded) and returns what is still not uploaded. The thread is not a daemon,
+    and an interpreter exiting without `drain` drains for `wait_at_exit_s` first."""
 
     BACKOFF_S = (2.0, 60.0)  # first retry after 2 s, doubling up to 60 s
     DRAIN_BACKOFF_S = 1.0  # while draining, retry at once (botocore has backed off per request already)
 
-    def __init__(self, store: CheckpointStore, keep: int | None = None) -> None:
+    def __init__(self, store: CheckpointStore, keep: int | None = None, history: Path | None = None) -> None:
         self.store = store
         self.keep = store.spec.keep if keep is None else keep
+        self.history = history
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
         self._remote: list[int] = []  # steps now in the store: uploaded, or found there already
@@ -129,7 +133,8 @@ class Uploader:
         try:
             uploaded = not self._outranked(item)
             if uploaded:
-                self.store.upload(item.checkpoint)
+                started = time.time()
+                self._record(started, self.store.upload(item.checkpoint))
         except Exception as err:  # background work: log it, keep the checkpoint pending, carry on
             self._failed(item, err)
             return
@@ -139,6 +144,17 @@ class Uploader:
                 self._remote.append(item.step)
             self._changed.notify_all()
         self._apply_retention()
+
+    def _record(self, started: float, result: UploadResult) -> None:
+        if self.history is None:
+            return
+        line = {"step": result.step, "started": round(started, 3), **asdict(result)}
+        line["seconds"] = round(result.seconds, 3)
+        try:
+            with self.history.open("a") as out:  # one writer (this thread), whole lines
+                out.write(json.dumps(line) + "\n")
+        except OSError as err:  # a record of the upload, not the upload: never fail it for this
+            log.warning(f"[swiftslurm] could not append to {self.history}: {err}")
 
     def _outranked(self, item: _Pending) -> bool:
         """Whether `keep` newer checkpoints are already remote, so retention would delete this one at once."""

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,12 +228,21 @@ def test_restore_if_newer_downloads_only_a_newer_remote_checkpoint(store: Checkp
 
 
 def test_uploader_uploads_in_the_background_and_applies_retention(store: CheckpointStore, tmp_path: Path) -> None:
-    uploader = Uploader(store, keep=2)
+    history = tmp_path / "uploads.jsonl"
+    uploader = Uploader(store, keep=2, history=history)
+    before = time.time()
     for step in (10, 20, 30):
         uploader.submit(make_checkpoint(tmp_path, step, small=3))
     assert uploader.drain(timeout_s=60) == []
     assert store.committed_steps() == [20, 30]
     assert uploader.failures() == []
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [10, 20, 30]  # one line per upload, oldest first
+    for line, after in zip(lines, [*lines[1:], None], strict=True):
+        assert line["files"] == 4 and line["size"] > 0 and not line["already_remote"]  # 3 small ones and optim.pt
+        assert before <= line["started"] and line["seconds"] > 0
+        if after is not None:  # one at a time: each ends before the next starts
+            assert line["started"] + line["seconds"] <= after["started"] + 0.01
     with pytest.raises(RuntimeError):
         uploader.submit(tmp_path / "checkpoint-40")
 
