@@ -56,6 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm and tests/ are this checkout's
 
 from swiftslurm.node.checkpoint import MANIFEST, commit  # noqa: E402
+from swiftslurm.node.sync import UPLOAD_HISTORY  # noqa: E402
+
+STEP_TIMES = "step_times.json"  # written by bench/step_times_plugin.py into the run's output dir
 
 BUCKET = "bench"
 STEP = 100
@@ -536,10 +539,55 @@ class TrainingRun:
     cpu_s: float  # CPU seconds of the run's processes: wrapper (uploads included), ms-swift
     server_cpu_s: float  # CPU seconds of the S3 server meanwhile (on this machine here; elsewhere in production)
     others_cpu_s: float  # CPU seconds of everything else on the machine meanwhile (noise)
+    # Inside the run (bench/step_times_plugin.py): seconds of each step that ran while an upload did, and of
+    # each that did not (sync off: all of them), warm-up steps left out.
+    during_upload_s: list[float] = field(default_factory=list, repr=False)
+    clear_of_uploads_s: list[float] = field(default_factory=list, repr=False)
 
     @property
     def step_s(self) -> float:
         return self.train_runtime_s / self.steps
+
+
+WARM_UP_STEPS = 5  # the first steps of a run are slower (allocations, caches): left out of the inside view
+
+
+def steps_by_uploads(
+    steps: list[tuple[int, float, float]], uploads: list[tuple[float, float]]
+) -> tuple[list[float], list[float]]:
+    """Durations of the ``steps`` (global step, began, ended) that overlap any of the ``uploads`` (began,
+    ended), and of those that do not; the first `WARM_UP_STEPS` steps are left out."""
+    during, clear = [], []
+    for step, began, ended in steps:
+        if step <= WARM_UP_STEPS:
+            continue
+        overlaps = any(up_began < ended and began < up_ended for up_began, up_ended in uploads)
+        (during if overlaps else clear).append(ended - began)
+    return during, clear
+
+
+def inside_view(runs: list[TrainingRun]) -> dict[str, Any]:
+    """Steps during an upload against steps clear of one, within each sync-on run (same process, same
+    minutes): the per-run ratio of medians, and what the slower steps add to the run's stepping time."""
+    ratios, costs = [], []
+    for run in (r for r in runs if r.sync == "on" and r.during_upload_s and r.clear_of_uploads_s):
+        clear = statistics.median(run.clear_of_uploads_s)
+        ratios.append(statistics.median(run.during_upload_s) / clear)
+        added = sum(t - clear for t in run.during_upload_s)
+        costs.append(added / (sum(run.during_upload_s) + sum(run.clear_of_uploads_s) - added))
+    if not ratios:
+        return {}
+    during = sum(len(r.during_upload_s) for r in runs if r.sync == "on")
+    total = during + sum(len(r.clear_of_uploads_s) for r in runs if r.sync == "on")
+    return {
+        "runs": len(ratios),
+        "steps_during_uploads": during,
+        "steps": total,
+        "ratio_during_clear_per_run": ratios,
+        "ratio_during_clear_median": statistics.median(ratios),
+        "added_to_stepping_per_run": costs,
+        "added_to_stepping_median": statistics.median(costs),
+    }
 
 
 def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, endpoint: str, pid: int) -> TrainingRun:
@@ -548,6 +596,8 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
     prefix = f"training/{run_dir.name}"
     argv = [sys.executable, "-m", "swiftslurm", f"run_dir={run_dir}", f"swift.max_steps={args.steps}"]
     argv += [f"swift.save_steps={args.save_steps}", *args.override]
+    plugin = REPO / "bench" / "step_times_plugin.py"  # in both runs, so its few microseconds cancel out
+    argv += [f"swift.external_plugins=[{plugin}]", "swift.callbacks=[bench_step_times]"]
     if sync == "on":
         argv += [
             "storage=s3",
@@ -579,7 +629,11 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
 
         pages = s3_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/")
         uploaded = sum(item["Key"].endswith(MANIFEST) for page in pages for item in page.get("Contents", []))
-    return TrainingRun(sync, repeat, runtime, args.steps, wall, committed, uploaded, cpu, server, others)
+    steps = [tuple(step) for step in json.loads((output / STEP_TIMES).read_text())]
+    history = run_dir / UPLOAD_HISTORY
+    lines = [json.loads(line) for line in history.read_text().splitlines()] if history.exists() else []
+    during, clear = steps_by_uploads(steps, [(u["started"], u["started"] + u["seconds"]) for u in lines])
+    return TrainingRun(sync, repeat, runtime, args.steps, wall, committed, uploaded, cpu, server, others, during, clear)
 
 
 def training_table(runs: list[TrainingRun]) -> str:
@@ -654,12 +708,22 @@ def training(args: argparse.Namespace) -> None:
         for how, pick in (("median", statistics.median), ("min", min))
     }
     pairs = pair_ratios(runs)
+    inside = inside_view(runs)
     print(
         f"\n{training_table(runs)}\n\nstep time, sync on / off: {ratios['median']:.3f} (medians), "
         f"{ratios['min']:.3f} (fastest runs; others' load only ever adds); goal <= 1.02\n"
         f"per pair (on / off of the same repeat): median {statistics.median(pairs):.3f}, min {min(pairs):.3f}, "
         f"max {max(pairs):.3f}: {', '.join(f'{r:.3f}' for r in pairs)}"
     )
+    if inside:
+        per_run = ", ".join(f"{r:.3f}" for r in inside["ratio_during_clear_per_run"])
+        added = ", ".join(f"{c:+.2%}" for c in inside["added_to_stepping_per_run"])
+        print(
+            f"inside the sync-on runs: {inside['steps_during_uploads']} of {inside['steps']} steps ran during an "
+            f"upload; their median / the clear steps' median, per run: median "
+            f"{inside['ratio_during_clear_median']:.3f} ({per_run}); time they add to the run's stepping: "
+            f"median {inside['added_to_stepping_median']:+.2%} ({added})"
+        )
     info |= {
         "steps": args.steps,
         "save_steps": args.save_steps,
@@ -669,6 +733,7 @@ def training(args: argparse.Namespace) -> None:
         "ratio_on_off": ratios,
         "pair_ratios_on_off": pairs,
         "pair_ratio_median_min_max": [statistics.median(pairs), min(pairs), max(pairs)],
+        "inside_sync_on_runs": inside,
         "runs": [asdict(r) | {"step_s": r.step_s} for r in runs],
     }
     out = args.out or REPO / "bench" / "results" / f"storage-training-{datetime.now():%Y-%m-%d}.json"
