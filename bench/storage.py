@@ -539,10 +539,10 @@ class TrainingRun:
     cpu_s: float  # CPU seconds of the run's processes: wrapper (uploads included), ms-swift
     server_cpu_s: float  # CPU seconds of the S3 server meanwhile (on this machine here; elsewhere in production)
     others_cpu_s: float  # CPU seconds of everything else on the machine meanwhile (noise)
-    # Inside the run (bench/step_times_plugin.py): seconds of each step that ran while an upload did, and of
-    # each that did not (sync off: all of them), warm-up steps left out.
-    during_upload_s: list[float] = field(default_factory=list, repr=False)
-    clear_of_uploads_s: list[float] = field(default_factory=list, repr=False)
+    # Inside the run, in seconds from its first step's start: each step (global step, began, ended), from
+    # bench/step_times_plugin.py, and each upload (began, ended), from the run's uploads.jsonl.
+    step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
+    uploads: list[tuple[float, float]] = field(default_factory=list, repr=False)
 
     @property
     def step_s(self) -> float:
@@ -566,28 +566,42 @@ def steps_by_uploads(
     return during, clear
 
 
+def during_clear_cost(during: list[float], clear: list[float]) -> tuple[float, float]:
+    """(median step during uploads / median clear step, the time the steps during uploads took beyond as
+    many clear steps on average, as a share of what the run's stepping would have taken without it). The
+    mean, not the median, for the time: step times are skewed (a few slow steps), so a median would count
+    even a random subset of steps as adding time."""
+    added = sum(during) - len(during) * statistics.fmean(clear)
+    return statistics.median(during) / statistics.median(clear), added / (sum(during) + sum(clear) - added)
+
+
 def inside_view(runs: list[TrainingRun]) -> dict[str, Any]:
     """Steps during an upload against steps clear of one, within each sync-on run (same process, same
-    minutes): the per-run ratio of medians, and what the slower steps add to the run's stepping time."""
-    ratios, costs = [], []
-    for run in (r for r in runs if r.sync == "on" and r.during_upload_s and r.clear_of_uploads_s):
-        clear = statistics.median(run.clear_of_uploads_s)
-        ratios.append(statistics.median(run.during_upload_s) / clear)
-        added = sum(t - clear for t in run.during_upload_s)
-        costs.append(added / (sum(run.during_upload_s) + sum(run.clear_of_uploads_s) - added))
-    if not ratios:
-        return {}
-    during = sum(len(r.during_upload_s) for r in runs if r.sync == "on")
-    total = during + sum(len(r.clear_of_uploads_s) for r in runs if r.sync == "on")
-    return {
-        "runs": len(ratios),
-        "steps_during_uploads": during,
-        "steps": total,
-        "ratio_during_clear_per_run": ratios,
-        "ratio_during_clear_median": statistics.median(ratios),
-        "added_to_stepping_per_run": costs,
-        "added_to_stepping_median": statistics.median(costs),
-    }
+    minutes). The control: each sync-off run split by the upload times of the sync-on run of its repeat,
+    which must find no difference; if it does, the split itself (e.g. steps near a save) explains it."""
+    view: dict[str, Any] = {}
+    for name, sync in (("sync_on", "on"), ("control", "off")):
+        ratios, costs, during_steps, steps = [], [], 0, 0
+        for run in (r for r in runs if r.sync == sync):
+            pair = next((r for r in runs if r.repeat == run.repeat and r.sync == "on"), None)
+            uploads = pair.uploads if pair is not None else []
+            during, clear = steps_by_uploads(run.step_times, uploads)
+            during_steps, steps = during_steps + len(during), steps + len(during) + len(clear)
+            if during and clear:
+                ratio, cost = during_clear_cost(during, clear)
+                ratios.append(ratio)
+                costs.append(cost)
+        if ratios:
+            view[name] = {
+                "runs": len(ratios),
+                "steps_during_uploads": during_steps,
+                "steps": steps,
+                "ratio_during_clear_per_run": ratios,
+                "ratio_during_clear_median": statistics.median(ratios),
+                "added_to_stepping_per_run": costs,
+                "added_to_stepping_median": statistics.median(costs),
+            }
+    return view
 
 
 def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, endpoint: str, pid: int) -> TrainingRun:
@@ -629,11 +643,15 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
 
         pages = s3_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/")
         uploaded = sum(item["Key"].endswith(MANIFEST) for page in pages for item in page.get("Contents", []))
-    steps = [tuple(step) for step in json.loads((output / STEP_TIMES).read_text())]
+    steps = json.loads((output / STEP_TIMES).read_text())
+    zero = steps[0][1]
     history = run_dir / UPLOAD_HISTORY
     lines = [json.loads(line) for line in history.read_text().splitlines()] if history.exists() else []
-    during, clear = steps_by_uploads(steps, [(u["started"], u["started"] + u["seconds"]) for u in lines])
-    return TrainingRun(sync, repeat, runtime, args.steps, wall, committed, uploaded, cpu, server, others, during, clear)
+    return TrainingRun(
+        sync, repeat, runtime, args.steps, wall, committed, uploaded, cpu, server, others,
+        [(step, began - zero, ended - zero) for step, began, ended in steps],
+        [(u["started"] - zero, u["started"] + u["seconds"] - zero) for u in lines],
+    )  # fmt: skip
 
 
 def training_table(runs: list[TrainingRun]) -> str:
@@ -715,15 +733,16 @@ def training(args: argparse.Namespace) -> None:
         f"per pair (on / off of the same repeat): median {statistics.median(pairs):.3f}, min {min(pairs):.3f}, "
         f"max {max(pairs):.3f}: {', '.join(f'{r:.3f}' for r in pairs)}"
     )
-    if inside:
-        per_run = ", ".join(f"{r:.3f}" for r in inside["ratio_during_clear_per_run"])
-        added = ", ".join(f"{c:+.2%}" for c in inside["added_to_stepping_per_run"])
-        print(
-            f"inside the sync-on runs: {inside['steps_during_uploads']} of {inside['steps']} steps ran during an "
-            f"upload; their median / the clear steps' median, per run: median "
-            f"{inside['ratio_during_clear_median']:.3f} ({per_run}); time they add to the run's stepping: "
-            f"median {inside['added_to_stepping_median']:+.2%} ({added})"
-        )
+    for name, what in (("sync_on", "sync-on runs"), ("control", "sync-off runs, split by their pair's upload times")):
+        if view := inside.get(name):
+            per_run = ", ".join(f"{r:.3f}" for r in view["ratio_during_clear_per_run"])
+            added = ", ".join(f"{c:+.2%}" for c in view["added_to_stepping_per_run"])
+            print(
+                f"inside the {what}: {view['steps_during_uploads']} of {view['steps']} steps during an upload; "
+                f"their median / the others' median, per run: median {view['ratio_during_clear_median']:.3f} "
+                f"({per_run}); time they add to the stepping: median {view['added_to_stepping_median']:+.2%} "
+                f"({added})"
+            )
     info |= {
         "steps": args.steps,
         "save_steps": args.save_steps,

@@ -25,15 +25,29 @@ def test_steps_overlapping_an_upload_are_told_apart_and_warm_up_steps_left_out()
     assert bench.steps_by_uploads(steps, touching) == ([], [1.0] * 7)
 
 
-def run(during: list[float], clear: list[float], sync: str = "on") -> bench.TrainingRun:
-    return bench.TrainingRun(sync, 0, 1.0, 1, 1.0, 1, 1, 1.0, 0.0, 0.0, during, clear)
+def steps_of(seconds: list[float]) -> list[tuple[int, float, float]]:
+    """Steps back to back after `WARM_UP_STEPS` warm-up steps of 1 s, each taking its ``seconds``."""
+    steps, at = [], 0.0
+    for step, took in enumerate([1.0] * W + seconds, start=1):
+        steps.append((step, at, at + took))
+        at += took
+    return steps
 
 
-def test_inside_view_compares_medians_within_each_run_and_prices_the_slower_steps() -> None:
-    runs = [run([1.2, 1.2], [1.0] * 8), run([1.0], [1.0] * 9), run([], [1.0] * 10, sync="off")]
-    inside = bench.inside_view(runs)
-    assert inside["runs"] == 2 and inside["steps_during_uploads"] == 3 and inside["steps"] == 20
-    assert inside["ratio_during_clear_per_run"] == pytest.approx([1.2, 1.0])
-    # Run 1: 0.4 s added to 10 s of stepping that would have been without uploads: +4%.
-    assert inside["added_to_stepping_per_run"] == pytest.approx([0.04, 0.0])
-    assert bench.inside_view([run([], [1.0] * 10)]) == {}  # no step ran during an upload: nothing to compare
+def run(sync: str, repeat: int, seconds: list[float], uploads: list[tuple[float, float]]) -> bench.TrainingRun:
+    return bench.TrainingRun(sync, repeat, 1.0, 1, 1.0, 1, 1, 1.0, 0.0, 0.0, steps_of(seconds), uploads)
+
+
+def test_inside_view_compares_steps_during_uploads_with_clear_ones_and_controls_with_the_off_runs() -> None:
+    # Sync on: steps W+1, W+2 of 1.2 s ran during the upload, eight of 1 s did not: 0.4 s added to 10 s.
+    upload = [(W + 0.1, W + 2.3)]
+    on = run("on", 0, [1.2, 1.2] + [1.0] * 8, upload)
+    off = run("off", 0, [1.0] * 10, [])  # split by the on run's upload: no difference, as it must be
+    inside = bench.inside_view([on, off])
+    assert inside["sync_on"]["steps_during_uploads"] == 2 and inside["sync_on"]["steps"] == 10
+    assert inside["sync_on"]["ratio_during_clear_per_run"] == pytest.approx([1.2])
+    assert inside["sync_on"]["added_to_stepping_per_run"] == pytest.approx([0.04])
+    assert inside["control"]["steps_during_uploads"] == 3  # the 1 s steps W+1..W+3 overlap that time span
+    assert inside["control"]["ratio_during_clear_per_run"] == pytest.approx([1.0])
+    assert inside["control"]["added_to_stepping_per_run"] == pytest.approx([0.0])
+    assert bench.inside_view([run("on", 0, [1.0] * 10, [])]) == {}  # no step ran during an upload
