@@ -131,6 +131,9 @@ def test_every_commit_is_uploaded_through_a_flaky_network_and_no_secret_is_writt
     synced = status(run_dir)["storage"]
     assert (synced["remote"], synced["pending"]) == (sorted(local), []), synced
     assert json.loads((run_dir / "sync.json").read_text())["pending"] == []
+    uploads = [json.loads(line) for line in (run_dir / "uploads.jsonl").read_text().splitlines()]
+    assert sorted(u["step"] for u in uploads) == sorted(local)  # a line per upload (a retried one may come later)
+    assert all(u["seconds"] > 0 and u["files"] > 0 for u in uploads)
 
     assert files_containing(run_dir, SECRET_KEY, ACCESS_KEY) == []
     assert SECRET_KEY not in done.stdout + done.stderr
