@@ -44,7 +44,7 @@ READ_SIZE = MiB
 # Bytes written to the file at once. The kernel gives a write a page-cache folio as large as the write (ext4,
 # Linux 6.16 on): 1 MiB writes get 1 MiB folios, which here (a VM whose free memory goes back to the host) come
 # from memory the host has taken back, and copying into them cost 2 kernel CPU-s per GB against 0.35 for 256 KiB
-# writes (and for s5cmd's small writes): the largest restore cost perf showed. Smaller pieces add syscalls (4 per
+# writes (s5cmd's writes cost as little): the largest restore cost perf showed. Smaller pieces add syscalls (4 per
 # MiB read), nothing else.
 WRITE_SIZE = 256 * 1024
 _HASH_READ_SIZE = 4 * MiB  # read back for hashing where the file cannot be mapped
