@@ -148,8 +148,7 @@ class Uploader:
     def _record(self, started: float, result: UploadResult) -> None:
         if self.history is None:
             return
-        line = {"step": result.step, "started": round(started, 3), **asdict(result)}
-        line["seconds"] = round(result.seconds, 3)
+        line = asdict(result) | {"started": round(started, 3), "seconds": round(result.seconds, 3)}
         try:
             with self.history.open("a") as out:  # one writer (this thread), whole lines
                 out.write(json.dumps(line) + "\n")
