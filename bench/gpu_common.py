@@ -31,8 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
 
+from swiftslurm.node.engines.base import Engine  # noqa: E402
 from swiftslurm.node.signals import descendants  # noqa: E402
-from swiftslurm.plan import COMMIT_CALLBACKS  # noqa: E402
 
 FAKE_SLURM_BIN = REPO / "bench" / "fake_slurm"
 KILL_WAIT_S = 2.0  # SLURM's KillWait between the TERM and the KILL of a requeued job's tasks
@@ -98,9 +98,9 @@ def srun_env(
     return env
 
 
-def plain_swift_argv(argv: Sequence[str], plugin: str) -> list[str]:
-    """The `swift sft` command a user would run without swiftslurm: the plan's argv without the callbacks
-    and the plugin swiftslurm adds (`--callbacks swiftslurm_stop swiftslurm_commit`, `--external_plugins`)."""
+def plain_swift_argv(argv: Sequence[str], engine: Engine) -> list[str]:
+    """The `swift sft` / `megatron sft` command a user would run without swiftslurm: the plan's argv without
+    the callbacks and the plugin the engine adapter adds (`--callbacks swiftslurm_...`, `--external_plugins`)."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -111,7 +111,7 @@ def plain_swift_argv(argv: Sequence[str], plugin: str) -> list[str]:
             while i < len(argv) and not argv[i].startswith("--"):
                 values.append(argv[i])
                 i += 1
-            dropped = {*COMMIT_CALLBACKS, plugin}
+            dropped = {*engine.callbacks, str(engine.plugin)}
             kept = [v for v in values if v not in dropped]
             if kept:
                 out += [token, *kept]

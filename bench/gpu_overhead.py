@@ -54,8 +54,9 @@ from gpu_common import (
     window_throughput,
 )
 
+from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
-from swiftslurm.plan import SWIFT_PLUGIN, JobPlan
+from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 
 STRATEGIES = {
@@ -114,7 +115,7 @@ def run_one(args: argparse.Namespace, strategy: str, arm: str, pair: int, job_id
             where = SlurmEnv.from_environ(node_env)
             argv = swift_command(plan)
             if arm == "direct":
-                argv = plain_swift_argv(argv, str(SWIFT_PLUGIN))
+                argv = plain_swift_argv(argv, engine_for(plan.launcher))
             trainer_env = {
                 **node_env,
                 **dict(plan.env),

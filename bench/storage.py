@@ -55,8 +55,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm and tests/ are this checkout's
 
-from swiftslurm.node.checkpoint import MANIFEST, commit  # noqa: E402
-from swiftslurm.node.sync import UPLOAD_HISTORY  # noqa: E402
+from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit  # noqa: E402
+from swiftslurm.node.storage.sync import UPLOAD_HISTORY  # noqa: E402
 
 STEP_TIMES = "step_times.json"  # written by bench/step_times_plugin.py into the run's output dir
 
@@ -183,7 +183,7 @@ def busy_cpu_seconds() -> float:
 
 
 def start_seaweed(checkpoint: Path) -> Target:
-    from swiftslurm.node.store import CheckpointStore
+    from swiftslurm.node.storage.store import CheckpointStore
     from tests.s3server import SeaweedServer
 
     server = SeaweedServer("127.0.0.1").start()
@@ -278,7 +278,7 @@ def s5cmd_binary(tools: Path) -> Path:
 
 def as_client(direction: str, endpoint: str, prefix: str, local: Path, options: dict[str, Any]) -> None:
     """The swiftslurm client's process: make the store (as the wrapper does once), then time one call."""
-    from swiftslurm.node.store import CheckpointStore
+    from swiftslurm.node.storage.store import CheckpointStore
 
     store = CheckpointStore(spec(endpoint, prefix, **options))
     started, cpu = time.perf_counter(), time.process_time()
@@ -624,7 +624,7 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
     started = time.perf_counter()
     env = client_env(Path("/nonexistent")) | {"OMP_NUM_THREADS": str(args.threads)}
     # A session of its own, as srun gives each task: the wrapper then lowers its session's share of the CPU
-    # while it uploads (storage.background_priority=idle; swiftslurm/node/priority.py).
+    # while it uploads (storage.background_priority=idle; swiftslurm/node/storage/priority.py).
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, start_new_session=True)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every descendant: each was waited for by its parent

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.records import read_attempts
 from swiftslurm.runs import (
     CANCELLED_FILE,

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from swiftslurm import tiny, validate
 from swiftslurm.errors import ConfigError
+from swiftslurm.node.engines.base import as_list
+from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.storage_spec import StorageSpec
 
 if TYPE_CHECKING:
@@ -23,15 +25,8 @@ if TYPE_CHECKING:
 
 PLAN_VERSION = 1
 PORT_SPAN = 20000  # master ports are base + job id mod PORT_SPAN
-# Arguments swiftslurm owns: a user value would break the run directory or resume.
-MANAGED_SWIFT_ARGS = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
 # DeepSpeed's ZeRO stages do not train over gloo (CPU) without it; a no-op where CUDA exists.
 DEEPSPEED_CPU_PATCH = Path(__file__).resolve().parent / "data" / "deepspeed_cpu_patch.py"
-# Imported by every training rank (ms-swift --external_plugins): registers the commit callback.
-SWIFT_PLUGIN = Path(__file__).resolve().parent / "node" / "swift_plugin.py"
-COMMIT_CALLBACKS = ("swiftslurm_stop", "swiftslurm_commit")
-# ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less per step).
-REPLACED_CALLBACKS = ("graceful_exit",)
 
 
 @dataclass(frozen=True)
@@ -267,7 +262,7 @@ def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
     if need is None:
         need = min_free_gb(cfg.model.params_b, cfg.strategy.tuner_type)
     # Absolute paths only: hub ids are downloaded, not looked for on the nodes; `#N` picks a subset.
-    paths = [str(swift_args["model"]), *(str(d).split("#")[0] for d in _as_list(swift_args.get("dataset")))]
+    paths = [str(swift_args["model"]), *(str(d).split("#")[0] for d in as_list(swift_args.get("dataset")))]
     local = tuple(dict.fromkeys(p for p in paths if p.startswith("/")))
     return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), local)
 
@@ -333,7 +328,8 @@ def _swift_args(
     cfg: Config, topo: Topology, par: Parallelism, batch: BatchPlan, run_dir: Path, ctx: PlanContext
 ) -> dict[str, Any]:
     """Merge ms-swift arguments: derived < strategy < task < model < cluster < the user's `swift.*`."""
-    validate.check_not_managed(cfg.swift, MANAGED_SWIFT_ARGS)
+    engine = engine_for(cfg.task.launcher)
+    validate.check_not_managed(cfg.swift, engine.managed_args)
     for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
         validate.check_not_planned(extra)
     assets = tiny.asset_paths(ctx.env)
@@ -341,15 +337,13 @@ def _swift_args(
     datasets = [str(assets.dataset_path) if d == "tiny" else d for d in cfg.dataset]
     args: dict[str, Any] = {"model": model, "dataset": datasets, "tuner_type": cfg.strategy.tuner_type}
     args |= _engine_args(cfg, par)
-    args |= _batch_args(cfg, batch)
+    args |= engine.batch_args(batch)
     args |= _task_args(cfg)
     args |= {
         "seed": cfg.seed,
-        "output_dir": str(run_dir / "output"),
         "ddp_timeout": cfg.cluster.nccl.timeout_s,
     }
-    if cfg.task.launcher == "swift":
-        args |= {"data_seed": cfg.seed, "add_version": False}
+    args |= engine.default_args(cfg.seed)
     if topo.gpus_per_node == 0:
         # Without use_cpu every CPU rank silently trains its own copy (parallel_mode != DISTRIBUTED).
         args |= {"use_cpu": True, "fp16": False, "bf16": False}
@@ -357,24 +351,12 @@ def _swift_args(
             args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
     for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
         args |= dict(extra)
-    if cfg.task.launcher == "swift":
-        args |= _commit_args(args)
+    # What the engine needs to save on SLURM's signal and commit every checkpoint (swiftslurm's plugin),
+    # keeping whatever callbacks and plugins the configuration asked for.
+    args |= engine.forced_args(args, run_dir / "output")
+    if (why := engine.refusal(args)) is not None:
+        raise ConfigError(why)
     return {k: v for k, v in args.items() if v is not None}
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _commit_args(args: dict[str, Any]) -> dict[str, Any]:
-    """Save on SLURM's signal and commit every checkpoint (swiftslurm's plugin), keeping whatever callbacks
-    and plugins the configuration asked for."""
-    owned = (*COMMIT_CALLBACKS, *REPLACED_CALLBACKS)
-    callbacks = [c for c in _as_list(args.get("callbacks")) if c not in owned]
-    plugins = [p for p in _as_list(args.get("external_plugins")) if p != str(SWIFT_PLUGIN)]
-    return {"callbacks": [*callbacks, *COMMIT_CALLBACKS], "external_plugins": [*plugins, str(SWIFT_PLUGIN)]}
 
 
 def _engine_args(cfg: Config, par: Parallelism) -> dict[str, Any]:
@@ -384,21 +366,7 @@ def _engine_args(cfg: Config, par: Parallelism) -> dict[str, Any]:
         "fsdp": strategy.fsdp,
         "quant_bits": strategy.quant_bits,
     }
-    if strategy.engine == "megatron":
-        args |= {
-            "tensor_model_parallel_size": par.tp,
-            "pipeline_model_parallel_size": par.pp,
-            "context_parallel_size": par.cp,
-            "expert_model_parallel_size": par.ep,
-            "sequence_parallel": par.sequence_parallel,
-        }
-    return args
-
-
-def _batch_args(cfg: Config, batch: BatchPlan) -> dict[str, Any]:
-    if cfg.task.launcher == "megatron":
-        return {"micro_batch_size": batch.micro, "global_batch_size": batch.global_}
-    return {"per_device_train_batch_size": batch.micro, "gradient_accumulation_steps": batch.grad_accum}
+    return args | engine_for(cfg.task.launcher).parallel_args(par)
 
 
 def _task_args(cfg: Config) -> dict[str, Any]:

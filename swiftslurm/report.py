@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swiftslurm.node.checkpoint import newest_checkpoint
+from swiftslurm.node.ckpt.checkpoint import newest_checkpoint
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan

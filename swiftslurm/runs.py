@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.checkpoint import checkpoint_step, newest_committed, write_json_atomic
+from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed, write_json_atomic
 from swiftslurm.node.records import read_attempts, read_status
 
 JOB_FILE = "job.json"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.store import CheckpointStore, MiB, newest_remote_step
+from swiftslurm.node.storage.store import CheckpointStore, MiB, newest_remote_step
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 

@@ -116,7 +116,7 @@ def check_cluster(plan: JobPlan) -> None:
 def check_storage(plan: JobPlan) -> None:
     """The bucket exists and this shell's credentials reach it (the nodes get the same environment)."""
     if plan.storage is not None:
-        from swiftslurm.node.store import CheckpointStore
+        from swiftslurm.node.storage.store import CheckpointStore
 
         CheckpointStore(plan.storage).check_access()
 

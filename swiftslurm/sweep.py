@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.runs import read_json
 
 SWEEP_FILE = "sweep.json"

@@ -165,7 +165,7 @@ def steps_phrase(steps_done: int) -> str:
 def classify(facts: AttemptFacts, user_error_window_s: float = 300) -> tuple[Reason, str]:
     """Why the attempt ended, and one line for humans. The rules are tried in order; the first match wins."""
     steps = steps_phrase(facts.steps_done)
-    if facts.reached_last_step and facts.exit_code == 0:
+    if facts.reached_last_step:  # committed at its last step: a kill or crash after that loses nothing
         return Reason.FINISHED, f"training reached its last step ({facts.steps_done} steps this attempt)"
     if facts.signal_reason is not None:  # saving and exiting after the signal is normal, whatever the exit code
         return facts.signal_reason, f"{facts.signal_reason.value.replace('_', ' ')} {steps}"

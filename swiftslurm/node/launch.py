@@ -10,10 +10,10 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from swiftslurm.node.signals import catches, descendants, send
+from swiftslurm.node.signals import descendants, send
 
 
 def _ignore_save_signal() -> None:
@@ -61,17 +61,17 @@ class Trainer:
         """Send ``sig`` to the trainer and every descendant, torchrun's workers in their own sessions too."""
         send([self.proc.pid, *descendants(self.proc.pid)], sig)
 
-    def forward(self, sig: int) -> list[int]:
-        """Send ``sig`` once to each process of the trainer that has a handler for it; return those reached.
+    def forward(self, sig: int, recipients: Callable[[int], list[int]]) -> list[int]:
+        """Send ``sig`` once to each process ``recipients(trainer pid)`` names; return those reached.
 
-        Only a handler acts on it: `swift` and torchrun ignore it, and a process with the default action dies
-        of it. A training worker is such a process again once it is exiting (Python's shutdown restores the
-        default action), so a rank that saved and is exiting while rank 0 still commits must not get it a
-        second time: torchrun would take the dead rank for a failure and stop rank 0 before the commit. Called
-        again, this reaches only processes that installed their handler since (a worker still loading).
+        The engine adapter names them (the training ranks, which have a handler for it): `swift` and
+        torchrun ignore it, and a process with the default action dies of it. A training worker is such a
+        process again once it is exiting (Python's shutdown restores the default action), so a rank that
+        saved and is exiting while rank 0 still commits must not get it a second time: torchrun would take
+        the dead rank for a failure and stop rank 0 before the commit. Called again, this reaches only
+        processes that installed their handler since (a worker still loading).
         """
-        targets = [p for p in [self.proc.pid, *descendants(self.proc.pid)] if p not in self._forwarded]
-        targets = [p for p in targets if catches(p, sig)]
+        targets = [p for p in recipients(self.proc.pid) if p not in self._forwarded]
         send(targets, sig)
         self._forwarded.update(targets)
         return targets

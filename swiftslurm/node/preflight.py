@@ -34,7 +34,7 @@ from typing import Any
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import preflight_checks as pc
 from swiftslurm.node import torch_probe
-from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.slurm_env import SlurmEnv, master_port
 from swiftslurm.plan import JobPlan
 

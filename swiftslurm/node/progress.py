@@ -1,28 +1,31 @@
-"""Training progress as ms-swift reports it: the step lines in a node's log, the summary in logging.jsonl."""
+"""Training progress: "step K of N" lines followed in a file (which file and pattern: the engine adapter's
+ProgressSource), and ms-swift's end-of-training summary in logging.jsonl."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-
-# ms-swift prints "{'loss': '6.613', ..., 'global_step/max_steps': '11/40', ...}" on rank 0 after a `\r`.
-_STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
 
 
 @dataclass
 class ProgressWatch:
-    """Follows a log file: the newest step and when it was first seen (for the hang watchdog)."""
+    """Follows a file from where it ends now (earlier attempts may have written to it): the newest step
+    and when it was first seen (for the hang watchdog). ``pattern`` has two groups: step, last step."""
 
     log_path: Path
     started: float
+    pattern: re.Pattern[str]
     step: int | None = None
     max_steps: int | None = None
     first_step_at: float | None = None
     last_change_at: float | None = None
-    _offset: int = 0
+    _offset: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._offset = self.log_path.stat().st_size if self.log_path.is_file() else 0
 
     def poll(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -32,7 +35,7 @@ class ProgressWatch:
                 chunk = log.read().decode(errors="replace")
         except FileNotFoundError:
             return
-        matches = list(_STEP.finditer(chunk))
+        matches = list(self.pattern.finditer(chunk))
         if matches:
             # Only complete matches advance the offset: a line still being written is read again.
             self._offset += len(chunk[: matches[-1].end()].encode(errors="replace"))

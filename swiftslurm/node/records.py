@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.checkpoint import write_json_atomic
+from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 
 ATTEMPTS = "attempts.jsonl"
 STATUS = "status.json"

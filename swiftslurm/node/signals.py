@@ -76,6 +76,24 @@ def catches(pid: int, signum: int, proc: Path = Path("/proc")) -> bool:
     return False
 
 
+def outermost_catchers(root: int, signum: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes under ``root`` (itself included) that catch ``signum`` while their parent does not.
+
+    A process that catches it and was forked by another that does only inherited the handler (a data
+    loader worker, an inference engine started by a training rank): it is not one of the processes the
+    signal is meant for."""
+    parents = {pid: _parent(pid, proc) for pid in [root, *descendants(root, proc)]}
+    catching = {pid for pid in parents if catches(pid, signum, proc)}
+    return [pid for pid in catching if parents[pid] not in catching]
+
+
+def _parent(pid: int, proc: Path) -> int | None:
+    try:
+        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):  # exited while we looked
+        return None
+
+
 def send(pids: list[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import resource
 import signal
 import socket
@@ -25,7 +26,7 @@ from typing import NoReturn
 from swiftslurm import slurm_cli
 from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node import decide, preflight, preflight_checks, records
-from swiftslurm.node.checkpoint import (
+from swiftslurm.node.ckpt.checkpoint import (
     ResumePoint,
     checkpoint_step,
     newest_committed,
@@ -33,11 +34,12 @@ from swiftslurm.node.checkpoint import (
     read_manifest,
     write_json_atomic,
 )
+from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.progress import ProgressWatch, finished_steps, tail
+from swiftslurm.node.progress import ProgressWatch, tail
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlist, rank_env
-from swiftslurm.node.sync import NodeSync, restore
+from swiftslurm.node.storage.sync import NodeSync, restore
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.runs import is_cancelled
@@ -118,7 +120,9 @@ def run_node(run_dir_arg: str) -> NodeResult:
     for retry in range(1, 1 << 30):
         resume = _agree_on_resume(plan, run_dir / "logs" / attempt, leader)
         sync = NodeSync(plan.storage, run_dir, plan.output_dir) if leader and plan.storage else None
-        observed = _train(plan, where, run_dir, attempt, resume, sync)
+        # A run whose newest commit is its last step is complete (killed or signalled after that commit):
+        # starting the trainer again would train past the plan.
+        observed = _nothing_to_train() if resume.complete else _train(plan, where, run_dir, attempt, resume, sync)
         result = NodeResult(
             where.node_id,
             socket.gethostname(),
@@ -152,7 +156,8 @@ def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePo
             _restore_or_tell(plan.storage, plan.output_dir, path)
         point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True)
         attempt_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step})
+        chosen = {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step}
+        write_json_atomic(path, {**chosen, "complete": point.complete})
         return point
     deadline = time.time() + RESUME_WAIT_S
     while not path.is_file():
@@ -162,7 +167,8 @@ def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePo
     chosen = json.loads(path.read_text())
     if chosen.get("error"):
         raise NodeError(f"node 0 could not prepare the resume point: {chosen['error']}")
-    return ResumePoint(Path(chosen["checkpoint"]) if chosen["checkpoint"] else None, chosen["step"])
+    checkpoint = Path(chosen["checkpoint"]) if chosen["checkpoint"] else None
+    return ResumePoint(checkpoint, chosen["step"], complete=bool(chosen.get("complete")))
 
 
 def _restore_or_tell(spec: StorageSpec, output_dir: Path, resume_file: Path) -> None:
@@ -195,11 +201,12 @@ def _train(
 ) -> Observed:
     """Run ms-swift once; forward stop signals to its workers; the leader kills it if it hangs and hands
     each newly committed checkpoint to the background uploader."""
-    extra = ("--resume_from_checkpoint", str(resume.checkpoint)) if resume.checkpoint else ()
+    engine = engine_for(plan.launcher)
+    extra = engine.resume_args(resume.checkpoint, plan.swift_argv) if resume.checkpoint else ()
     log_path = _log(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
-    watch = ProgressWatch(log_path, started)
+    watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
     with SignalLog().installed() as signals:
         trainer = Trainer(swift_command(plan, extra), _trainer_env(plan, where, run_dir), log_path, cwd=run_dir)
         hung, forwarded_at = False, 0.0
@@ -215,7 +222,7 @@ def _train(
                 # makes them save and exit, and torchrun ignores it (TERM would make it SIGKILL them 30 s on).
                 # Re-sent until a checkpoint is committed, but only to processes that handle it and have not
                 # had it yet (a worker still loading); a second one would kill a rank that saved and is exiting.
-                trainer.forward(SAVE_SIGNAL)
+                trainer.forward(SAVE_SIGNAL, engine.stop_recipients)
                 forwarded_at = now
             watch.poll(now)
             if sync is not None:
@@ -230,6 +237,11 @@ def _train(
         # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
         print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
         return Observed(code, list(signals.received), hung, watch, started)
+
+
+def _nothing_to_train() -> Observed:
+    now = time.time()
+    return Observed(0, [], False, ProgressWatch(Path(os.devnull), now, re.compile("(?!)")), now)
 
 
 def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:
@@ -314,7 +326,7 @@ def _conclude(
         exit_code=observed.exit_code,
         signal_reason=signal_reason,
         steps_done=max(0, (observed.watch.step or 0) - resume.step),
-        reached_last_step=observed.exit_code == 0 and _reached_last_step(plan),
+        reached_last_step=_reached_last_step(plan),
         hung=observed.hung,
         log_tail=tail(_log(run_dir, attempt, where)),
         elapsed_s=time.time() - observed.started,
@@ -352,8 +364,7 @@ def _failed_host(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) 
 
 
 def _reached_last_step(plan: JobPlan) -> bool:
-    steps = finished_steps(plan.output_dir)
-    return steps is not None and steps[0] >= steps[1]
+    return engine_for(plan.launcher).reached_last_step(plan.output_dir)
 
 
 def _budget(plan: JobPlan) -> decide.Budget:

@@ -6,9 +6,9 @@
     --per_device_train_batch_size 1 \
     --gradient_accumulation_steps 1 \
     --seed 42 \
-    --output_dir /scratch/r/output \
     --ddp_timeout 1800 \
     --data_seed 42 \
+    --output_dir /scratch/r/output \
     --add_version false \
     --callbacks swiftslurm_stop swiftslurm_commit \
-    --external_plugins <repo>/swiftslurm/node/swift_plugin.py
+    --external_plugins <repo>/swiftslurm/node/engines/swift_plugin.py

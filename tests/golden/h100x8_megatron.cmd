@@ -10,5 +10,8 @@
     --micro_batch_size 1 \
     --global_batch_size 1 \
     --seed 42 \
+    --ddp_timeout 1800 \
     --output_dir /scratch/vl/output \
-    --ddp_timeout 1800
+    --add_version false \
+    --callbacks swiftslurm_megatron_stop swiftslurm_megatron_commit \
+    --external_plugins <repo>/swiftslurm/node/engines/megatron_plugin.py

@@ -5,10 +5,8 @@
     --per_device_train_batch_size 1 \
     --gradient_accumulation_steps 1 \
     --seed 42 \
-    --output_dir /scratch/tiny/output \
     --ddp_timeout 300 \
     --data_seed 42 \
-    --add_version false \
     --use_cpu true \
     --fp16 false \
     --bf16 false \
@@ -25,5 +23,7 @@
     --lora_rank 8 \
     --lora_alpha 16 \
     --dataloader_num_workers 0 \
+    --output_dir /scratch/tiny/output \
+    --add_version false \
     --callbacks swiftslurm_stop swiftslurm_commit \
-    --external_plugins <repo>/swiftslurm/node/swift_plugin.py
+    --external_plugins <repo>/swiftslurm/node/engines/swift_plugin.py

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import pytest
 
-from swiftslurm.node.checkpoint import (
+from swiftslurm.node.ckpt.checkpoint import (
     MANIFEST,
     QUARANTINE,
     checkpoint_dirs,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.checkpoint import MANIFEST, commit, problems, read_manifest
-from swiftslurm.node.store import CheckpointStore
-from swiftslurm.node.uploader import Uploader
+from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, problems, read_manifest
+from swiftslurm.node.storage.store import CheckpointStore
+from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 from tests.s3server import (
     FaultProxy,

@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from swiftslurm import tiny
+from swiftslurm.node.engines.hf import HfTrainerEngine
+from swiftslurm.node.engines.stop_vote import vote_cost_line
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
-from swiftslurm.node.stop_vote import vote_cost_line
 from swiftslurm.node.supervise import wrapper_cost_line
-from swiftslurm.plan import COMMIT_CALLBACKS, SWIFT_PLUGIN
 from swiftslurm.render import swift_command
 from tests.conftest import REPO, plan_for
 
@@ -62,11 +62,13 @@ def test_restart_count_is_set_only_after_a_requeue() -> None:
 def test_plain_command_drops_only_what_swiftslurm_adds() -> None:
     plan = plan_for("+cluster=h200x2", *MODEL, "strategy=ddp", "swift.callbacks=[mine]")
     argv = swift_command(plan)
-    plain = gpu_common.plain_swift_argv(argv, str(SWIFT_PLUGIN))
-    assert "swiftslurm_commit" not in plain and "swiftslurm_stop" not in plain and str(SWIFT_PLUGIN) not in plain
+    engine = HfTrainerEngine()
+    plugin = str(engine.plugin)
+    plain = gpu_common.plain_swift_argv(argv, engine)
+    assert "swiftslurm_commit" not in plain and "swiftslurm_stop" not in plain and plugin not in plain
     assert plain[plain.index("--callbacks") + 1] == "mine"
     assert "--external_plugins" not in plain
-    added = (*COMMIT_CALLBACKS, str(SWIFT_PLUGIN), "--external_plugins")
+    added = (*engine.callbacks, plugin, "--external_plugins")
     kept = [t for t in argv if t not in added]
     assert plain == kept
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from swiftslurm.node import records
+from swiftslurm.node.engines.hf import HfTrainerEngine
 from swiftslurm.node.progress import ProgressWatch, finished_steps
 from swiftslurm.node.signals import SignalLog, descendants
 
@@ -45,8 +46,8 @@ def test_signal_handler_only_records() -> None:
 
 def test_progress_watch_reads_steps_from_progress_bar_output(tmp_path: Path) -> None:
     log = tmp_path / "node0.log"
+    watch = ProgressWatch(log, started=100.0, pattern=HfTrainerEngine.progress.pattern)
     log.write_text("Train:   2%|  | 1/40 [00:00]\r{'loss': '6.6', 'global_step/max_steps': '1/40', 'x': '1'}\n")
-    watch = ProgressWatch(log, started=100.0)
     watch.poll(now=110.0)
     assert (watch.step, watch.max_steps, watch.first_step_at) == (1, 40, 110.0)
     with open(log, "a") as out:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm import status
-from swiftslurm.node.checkpoint import commit
+from swiftslurm.node.ckpt.checkpoint import commit
 from swiftslurm.runs import SlurmView, decide_state, gather, goodput, read_metrics, record_submission
 from swiftslurm.sweep import SWEEP_FILE, record_point, run_dirs
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
-from swiftslurm.node.stop_vote import LAG_STEPS, StopVote  # noqa: E402
+from swiftslurm.node.engines.stop_vote import LAG_STEPS, StopVote  # noqa: E402
 
 STEPS = 8
 

@@ -1,4 +1,4 @@
-"""swiftslurm.node.store and .uploader against a real S3 endpoint (SeaweedFS on 127.0.0.1), plus the CLI."""
+"""swiftslurm.node.storage.store and .uploader against a real S3 endpoint (SeaweedFS on 127.0.0.1), plus the CLI."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from swiftslurm import storage_cli
-from swiftslurm.node.checkpoint import MANIFEST, commit, is_committed, problems
-from swiftslurm.node.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
-from swiftslurm.node.sync import SYNC_STATE, NodeSync, restore
-from swiftslurm.node.uploader import Uploader
+from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, is_committed, problems
+from swiftslurm.node.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
+from swiftslurm.node.storage.sync import SYNC_STATE, NodeSync, restore
+from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import REPO
 from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials
@@ -331,8 +331,8 @@ def test_cli_reads_the_storage_section_of_plan_json(store: CheckpointStore, tmp_
 EXIT_WITHOUT_DRAIN = """
 import sys
 from pathlib import Path
-from swiftslurm.node.store import CheckpointStore
-from swiftslurm.node.uploader import Uploader
+from swiftslurm.node.storage.store import CheckpointStore
+from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 spec = StorageSpec(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3], region="us-east-1")
 Uploader(CheckpointStore(spec)).submit(Path(sys.argv[4]))

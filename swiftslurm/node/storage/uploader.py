@@ -1,6 +1,6 @@
 """Committed checkpoints go to the object store in the background, oldest first; training never waits.
 
-See swiftslurm.node.store for the remote layout (a checkpoint is remote only once its manifest is).
+See swiftslurm.node.storage.store for the remote layout (a checkpoint is remote only once its manifest is).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swiftslurm.node.checkpoint import checkpoint_step, is_committed
-from swiftslurm.node.priority import lower_this_thread
-from swiftslurm.node.store import CheckpointStore, UploadResult
+from swiftslurm.node.ckpt.checkpoint import checkpoint_step, is_committed
+from swiftslurm.node.storage.priority import lower_this_thread
+from swiftslurm.node.storage.store import CheckpointStore, UploadResult
 
 log = logging.getLogger("swiftslurm.uploader")
 

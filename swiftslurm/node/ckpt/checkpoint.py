@@ -40,6 +40,13 @@ def checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def companions(checkpoint: Path) -> list[Path]:
+    """Folders an engine writes beside `checkpoint-N` that belong to it (Megatron LoRA's `checkpoint-N-merged`,
+    the merged weights): quarantined and pruned together with it."""
+    merged = checkpoint.with_name(f"{checkpoint.name}-merged")
+    return [merged] if merged.is_dir() else []
+
+
 def sha256_and_fsync(path: Path) -> str:
     """SHA-256 of a file, fsynced on the way so the bytes are on disk before the manifest is."""
     digest = hashlib.sha256()
@@ -74,8 +81,13 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     fsync_dir(path.parent)
 
 
-def commit(checkpoint: Path, world_size: int, swift_version: str) -> dict[str, Any]:
-    """Write the manifest of a fully written checkpoint. Call once every rank has finished saving."""
+def commit(
+    checkpoint: Path, world_size: int, swift_version: str, last_step: int | None = None, engine: str = "swift"
+) -> dict[str, Any]:
+    """Write the manifest of a fully written checkpoint. Call once every rank has finished saving.
+
+    ``last_step`` is the run's planned last step (max_steps / train_iters as the trainer computed it, epochs
+    included): a checkpoint of that step means training is complete, and no attempt trains past it."""
     step = checkpoint_step(checkpoint)
     if step is None:
         raise ValueError(f"{checkpoint} is not a checkpoint-N folder")
@@ -88,7 +100,9 @@ def commit(checkpoint: Path, world_size: int, swift_version: str) -> dict[str, A
     manifest = {
         "format": 1,
         "step": step,
+        "last_step": last_step,
         "world_size": world_size,
+        "engine": engine,
         "ms_swift_version": swift_version,
         "committed_at": time.time(),
         "files": files,
@@ -125,6 +139,13 @@ def problems(checkpoint: Path, deep: bool = False) -> list[str]:
     return found
 
 
+def is_last_step(manifest: dict[str, Any] | None) -> bool:
+    """Whether a committed checkpoint's manifest says it is the run's planned last step."""
+    if not manifest or not manifest.get("last_step"):
+        return False
+    return int(manifest["step"]) >= int(manifest["last_step"])
+
+
 def is_committed(checkpoint: Path) -> bool:
     return read_manifest(checkpoint) is not None
 
@@ -137,6 +158,7 @@ class ResumePoint:
     step: int
     quarantined: tuple[Path, ...] = ()
     rejected: tuple[str, ...] = ()  # committed checkpoints whose files no longer match
+    complete: bool = False  # the checkpoint is the run's planned last step: nothing is left to train
 
 
 def newest_committed(output_dir: Path) -> tuple[Path | None, list[str]]:
@@ -158,10 +180,11 @@ def quarantine_newer_than(output_dir: Path, step: int, tag: str) -> list[Path]:
     moved = []
     for found_step, path in checkpoint_dirs(output_dir):
         if found_step > step:
-            target = output_dir / QUARANTINE / f"{path.name}.{tag}"
-            target.parent.mkdir(exist_ok=True)
-            os.replace(path, target)
-            moved.append(target)
+            for folder in (path, *companions(path)):
+                target = output_dir / QUARANTINE / f"{folder.name}.{tag}"
+                target.parent.mkdir(exist_ok=True)
+                os.replace(folder, target)
+                moved.append(target)
     return moved
 
 
@@ -170,7 +193,8 @@ def prepare_resume(output_dir: Path, tag: str, move: bool) -> ResumePoint:
     checkpoint, rejected = newest_committed(output_dir)
     step = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
     moved = quarantine_newer_than(output_dir, step, tag) if move else []
-    return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected))
+    complete = checkpoint is not None and is_last_step(read_manifest(checkpoint))
+    return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected), complete)
 
 
 def prune_committed(output_dir: Path, keep: int) -> list[Path]:
@@ -180,7 +204,8 @@ def prune_committed(output_dir: Path, keep: int) -> list[Path]:
     for path in doomed:
         # The manifest goes first: a half-deleted folder must not look committed.
         (path / MANIFEST).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
+        for folder in (path, *companions(path)):
+            shutil.rmtree(folder, ignore_errors=True)
     return doomed
 
 

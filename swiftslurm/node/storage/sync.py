@@ -13,20 +13,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.checkpoint import (
+from swiftslurm.node.ckpt.checkpoint import (
     checkpoint_dirs,
     checkpoint_step,
     is_committed,
     newest_committed,
     write_json_atomic,
 )
-from swiftslurm.node.store import CheckpointStore, restore_if_newer
-from swiftslurm.node.uploader import Uploader
+from swiftslurm.node.storage.store import CheckpointStore, restore_if_newer
+from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 
 log = logging.getLogger("swiftslurm.sync")
 SYNC_STATE = "sync.json"
-UPLOAD_HISTORY = "uploads.jsonl"  # a line per upload (swiftslurm.node.uploader.Uploader: when, how long, how much)
+UPLOAD_HISTORY = (
+    "uploads.jsonl"  # a line per upload (swiftslurm.node.storage.uploader.Uploader: when, how long, how much)
+)
 SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkpoints
 LAST_FAILURES = 5  # failures kept in sync.json
 

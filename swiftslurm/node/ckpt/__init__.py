@@ -1,0 +1,1 @@
+"""Committed checkpoints: the manifest written last, the resume point, quarantine and retention."""

@@ -1,0 +1,114 @@
+"""What differs between training engines, in one place: an `Engine` adapter per launcher.
+
+The plan side asks an adapter which arguments it forces and which combinations it refuses; the node side
+asks it where progress is read, how a resume is expressed, whether a run reached its last step and which
+processes may receive the stop signal. Nothing outside an adapter branches on the engine (submitit keeps
+its schedulers apart the same way, `submitit/core/job_environment.py`). Adapters import neither torch nor
+ms-swift: the plugin each one names is what the training ranks import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm.node.ckpt.checkpoint import is_last_step, newest_committed, read_manifest
+from swiftslurm.node.signals import SAVE_SIGNAL, outermost_catchers
+
+if TYPE_CHECKING:
+    from swiftslurm.plan import BatchPlan, Parallelism
+
+ENGINES_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class ProgressSource:
+    """Where the leader reads training progress: a file, and the pattern of a "step K of N" line in it."""
+
+    description: str  # for people (the dry run): which rank writes what, where
+    pattern: re.Pattern[str]  # two groups: the step, the planned last step
+    in_output_dir: str | None = None  # a file in the output dir (shared by the nodes), else the node's own log
+
+    def path(self, output_dir: Path, node_log: Path) -> Path:
+        return output_dir / self.in_output_dir if self.in_output_dir else node_log
+
+
+class Engine:
+    """The adapter protocol, with what the engines share. Subclasses fill in the differences."""
+
+    launcher: str = ""
+    plugin: Path = ENGINES_DIR  # the file every rank imports (`--external_plugins`): commit and stop hooks
+    callbacks: tuple[str, ...] = ()  # the callbacks that plugin registers, added to `--callbacks`
+    replaced_callbacks: tuple[str, ...] = ()  # the engine's own callbacks ours replace (removed if asked for)
+    progress: ProgressSource
+    # Arguments swiftslurm owns for this engine: a user value would break the run directory or resume.
+    managed_args: frozenset[str] = frozenset({"output_dir", "add_version"})
+
+    # -- plan side ----------------------------------------------------------------------------------
+    def default_args(self, seed: int) -> dict[str, Any]:
+        """Arguments this engine runs with unless the configuration says otherwise."""
+        return {}
+
+    def batch_args(self, batch: BatchPlan) -> dict[str, Any]:
+        """The planned batch in this engine's arguments."""
+        return {"per_device_train_batch_size": batch.micro, "gradient_accumulation_steps": batch.grad_accum}
+
+    def parallel_args(self, par: Parallelism) -> dict[str, Any]:
+        """Model-parallel degrees in this engine's arguments (none: the engine has no model parallelism)."""
+        return {}
+
+    def forced_args(self, args: Mapping[str, Any], output_dir: Path) -> dict[str, Any]:
+        """Arguments this engine must run with under swiftslurm, merged last over everything else."""
+        owned = (*self.callbacks, *self.replaced_callbacks)
+        callbacks = [c for c in as_list(args.get("callbacks")) if c not in owned]
+        plugins = [p for p in as_list(args.get("external_plugins")) if p != str(self.plugin)]
+        return {
+            "output_dir": str(output_dir),
+            "add_version": False,  # no versioned vN-<time>/ subfolder: checkpoints must be where resume looks
+            "callbacks": [*callbacks, *self.callbacks],
+            "external_plugins": [*plugins, str(self.plugin)],
+        }
+
+    def refusal(self, args: Mapping[str, Any]) -> str | None:
+        """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can)."""
+        return None
+
+    def resume_form(self) -> str:
+        """How a resume is expressed, for people (the dry run)."""
+        return " ".join(self.resume_args(Path("CKPT"), ()))
+
+    # -- node side ----------------------------------------------------------------------------------
+    def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def reached_last_step(self, output_dir: Path) -> bool:
+        """Whether training is complete: the newest committed checkpoint is the planned last step (the
+        commit hook writes that step into the manifest). Once it is, nothing trains again."""
+        newest, _ = newest_committed(output_dir)
+        return newest is not None and is_last_step(read_manifest(newest))
+
+    def stop_recipients(self, trainer_pid: int) -> list[int]:
+        """The processes that get the save signal: the training ranks, and nothing they started.
+
+        A rank is the outermost process that catches it: `swift` and torchrun ignore it, the ranks install
+        the plugin's handler, and whatever a rank forks inherits that handler (a data loader worker, a vLLM
+        engine) or was exec'ed with the default action, which kills. Neither may get it."""
+        return outermost_catchers(trainer_pid, SAVE_SIGNAL)
+
+
+def argv_value(argv: tuple[str, ...], name: str) -> str | None:
+    """The value of `--name` in an ms-swift argument list (the last one wins, as in ms-swift's parser)."""
+    flag, found = f"--{name}", None
+    for i, token in enumerate(argv[:-1]):
+        if token == flag:
+            found = argv[i + 1]
+    return found
+
+
+def as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -1,0 +1,38 @@
+"""`swift sft|pt|rlhf`: the Hugging Face Trainer family (SFT, continued pre-training, DPO, GRPO, ...)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.node.engines.base import ENGINES_DIR, Engine, ProgressSource
+from swiftslurm.node.progress import finished_steps
+
+
+class HfTrainerEngine(Engine):
+    launcher = "swift"
+    plugin = ENGINES_DIR / "swift_plugin.py"
+    callbacks = ("swiftslurm_stop", "swiftslurm_commit")
+    # ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less a step).
+    replaced_callbacks = ("graceful_exit",)
+    managed_args = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
+    # ms-swift prints "{'loss': '6.613', ..., 'global_step/max_steps': '11/40', ...}" on global rank 0, which
+    # runs on node 0: the leader reads its own log.
+    progress = ProgressSource(
+        "node 0's log: 'global_step/max_steps': 'K/N' (printed by global rank 0)",
+        re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'"),
+    )
+
+    def default_args(self, seed: int) -> dict[str, Any]:
+        # data_seed: the data order after a resume is the one an uninterrupted run would have seen.
+        return {"data_seed": seed}
+
+    def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
+        return ("--resume_from_checkpoint", str(checkpoint))
+
+    def reached_last_step(self, output_dir: Path) -> bool:
+        # ms-swift's end-of-training summary, or (a run killed between its last commit and that summary) a
+        # committed checkpoint of the last step.
+        steps = finished_steps(output_dir)
+        return (steps is not None and steps[0] >= steps[1]) or super().reached_last_step(output_dir)

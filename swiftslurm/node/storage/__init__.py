@@ -1,0 +1,1 @@
+"""Object storage: committed checkpoints uploaded in the background and restored before a resume."""
