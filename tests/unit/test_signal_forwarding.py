@@ -47,11 +47,12 @@ def test_save_signal_goes_once_to_each_handler_and_never_to_a_default_action(tmp
         counting, default, late = sorted(descendants(trainer.pid))
         wait_for(lambda: catches(counting, signal.SIGUSR2))
 
-        first = trainer.forward(signal.SIGUSR2, ENGINES['swift'].stop_recipients)
+        recipients = ENGINES["swift"].stop_recipients
+        first = trainer.forward(signal.SIGUSR2, recipients)
         assert counting in first and default not in first and trainer.pid not in first
         wait_for(lambda: catches(late, signal.SIGUSR2))
-        assert trainer.forward(signal.SIGUSR2, ENGINES['swift'].stop_recipients) == [late]  # the late one now; the first not a second time
-        assert trainer.forward(signal.SIGUSR2, ENGINES['swift'].stop_recipients) == []
+        assert trainer.forward(signal.SIGUSR2, recipients) == [late]  # the late one now; the first not a second time
+        assert trainer.forward(signal.SIGUSR2, recipients) == []
 
         wait_for(lambda: (tmp_path / "counting").is_file() and (tmp_path / "late").is_file())
         time.sleep(0.3)
