@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from swiftslurm.errors import NodeError
+from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.plan import PORT_SPAN, JobPlan
 
 
@@ -85,7 +86,7 @@ def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
 def rank_env(where: SlurmEnv, plan: JobPlan) -> dict[str, str]:
     """The variables `swift`/`megatron` read to start torchrun on this node (none for one process)."""
     topo = plan.topology
-    if topo.nodes == 1 and topo.procs_per_node == 1:
+    if topo.nodes == 1 and topo.procs_per_node == 1 and not engine_for(plan.launcher).torchrun_for_one_process:
         return {}  # a single process: ms-swift runs without torchrun
     env = {"NPROC_PER_NODE": str(topo.procs_per_node)}
     if topo.nodes > 1 or where.in_slurm:

@@ -44,6 +44,9 @@ class Engine:
     callbacks: tuple[str, ...] = ()  # the callbacks that plugin registers, added to `--callbacks`
     replaced_callbacks: tuple[str, ...] = ()  # the engine's own callbacks ours replace (removed if asked for)
     progress: ProgressSource
+    # `swift sft` runs one process without torchrun; Megatron initialises torch.distributed from torchrun's
+    # variables even for one process.
+    torchrun_for_one_process: bool = False
     # Arguments swiftslurm owns for this engine: a user value would break the run directory or resume.
     managed_args: frozenset[str] = frozenset({"output_dir", "add_version"})
 

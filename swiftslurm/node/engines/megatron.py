@@ -25,6 +25,7 @@ class MegatronEngine(Engine):
     launcher = "megatron"
     plugin = ENGINES_DIR / "megatron_plugin.py"
     callbacks = ("swiftslurm_megatron_stop", "swiftslurm_megatron_commit")
+    torchrun_for_one_process = True
     # finetune: swiftslurm sets it for a resume (false: load iteration, optimizer and RNG from the checkpoint).
     managed_args = frozenset({"output_dir", "add_version", "finetune"})
     # PrintCallback's JsonlWriter (write_on_rank='last') dumps each log dict as JSON.
