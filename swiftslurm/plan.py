@@ -290,7 +290,7 @@ def _storage(cfg: Config, run_name: str) -> StorageSpec | None:
 
 
 def _uses_tiny(cfg: Config) -> bool:
-    return cfg.model.id == "tiny" or "tiny" in cfg.dataset
+    return cfg.model.id == "tiny" or any(d in tiny.DATASETS for d in cfg.dataset)
 
 
 def _topology(cfg: Config) -> Topology:
@@ -334,7 +334,7 @@ def _swift_args(
         validate.check_not_planned(extra)
     assets = tiny.asset_paths(ctx.env)
     model = str(assets.model_dir) if cfg.model.id == "tiny" else cfg.model.id
-    datasets = [str(assets.dataset_path) if d == "tiny" else d for d in cfg.dataset]
+    datasets = [str(assets.dataset(d)) if d in tiny.DATASETS else d for d in cfg.dataset]
     args: dict[str, Any] = {"model": model, "dataset": datasets, "tuner_type": cfg.strategy.tuner_type}
     args |= _engine_args(cfg, par)
     args |= engine.batch_args(batch)

@@ -6,6 +6,12 @@ BPE tokenizer (741 tokens) trained on the generated dataset, a randomly initiali
 Qwen3 with ~120k parameters (0.5 MB of safetensors), and a `messages` jsonl dataset. Everything is seeded, so
 two builds give byte-identical files.
 
+Two RLHF datasets sit beside the chat dataset (conf names `tiny-dpo`, `tiny-grpo`, `DATASETS`): preference
+pairs for `swift rlhf --rlhf_type dpo` (`messages` ending in the chosen answer, plus `rejected_response`) and
+arithmetic prompts with a `solution` column for GRPO (rewarded by `REWARD_PLUGIN`). They are added to a
+cache that predates them without touching its other files, so the tokenizer, model and chat data (and every
+run trained on them) stay as they were.
+
 Other sizes are presets (`PRESETS`, `--preset NAME`): `qwen3-0.5b` is Qwen3-0.6B's shape (28 layers,
 hidden 1024) with the same small tokenizer, ~0.44B parameters in bf16, and longer multi-turn chats
 (~300-900 tokens each), for GPU runs and throughput measurements (docs/gpu.md).
@@ -41,6 +47,15 @@ VOCAB_SIZE = 1024
 
 MODEL_SUBDIR = "model"
 DATASET_FILE = "data/train.jsonl"
+# Versioned on their own: a change to them renames the file instead of bumping ASSETS_VERSION (the model).
+DPO_FILE = "data/dpo-v1.jsonl"
+GRPO_FILE = "data/grpo-v1.jsonl"
+NUM_RLHF_SAMPLES = 256
+# The ms-swift plugin with the GRPO reward for `tiny-grpo` (`--external_plugins`, `--reward_funcs NAME`).
+REWARD_PLUGIN = Path(__file__).resolve().parent / "data" / "tiny_rewards.py"
+REWARD_NAME = "swiftslurm_arithmetic"
+# The conf `dataset` names of the built-in datasets, and their files in the cache.
+DATASETS = {"tiny": DATASET_FILE, "tiny-dpo": DPO_FILE, "tiny-grpo": GRPO_FILE}
 # Written last inside the temporary directory: its presence marks a finished build.
 MANIFEST_FILE = "tiny_assets.json"
 
@@ -137,6 +152,12 @@ class TinyAssets:
 
     model_dir: Path
     dataset_path: Path
+    dpo_path: Path  # preference pairs: `messages` (ending in the chosen answer) + `rejected_response`
+    grpo_path: Path  # arithmetic prompts: `messages` (one user turn) + `solution`
+
+    def dataset(self, name: str) -> Path:
+        """The file of the built-in dataset `name` (a key of `DATASETS`)."""
+        return self.model_dir.parent / DATASETS[name]
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None, preset: str = "tiny") -> Path:
@@ -174,6 +195,7 @@ def build_tiny_assets(cache_dir: Path | None = None, preset: str = "tiny") -> Ti
     assets = _assets_in(cache_dir)
     if cache_dir.exists():
         _check_complete(cache_dir)
+        _ensure_rlhf_data(cache_dir)
         return assets
 
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +215,7 @@ def build_tiny_assets(cache_dir: Path | None = None, preset: str = "tiny") -> Ti
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _check_complete(cache_dir)
+    _ensure_rlhf_data(cache_dir)
     return assets
 
 
@@ -203,7 +226,36 @@ def _current_umask() -> int:
 
 
 def _assets_in(cache_dir: Path) -> TinyAssets:
-    return TinyAssets(model_dir=cache_dir / MODEL_SUBDIR, dataset_path=cache_dir / DATASET_FILE)
+    return TinyAssets(
+        model_dir=cache_dir / MODEL_SUBDIR,
+        dataset_path=cache_dir / DATASET_FILE,
+        dpo_path=cache_dir / DPO_FILE,
+        grpo_path=cache_dir / GRPO_FILE,
+    )
+
+
+def _ensure_rlhf_data(cache_dir: Path) -> None:
+    """Write the DPO and GRPO datasets into a finished cache where they are missing.
+
+    Each file appears whole or not at all (temporary file + `os.replace`): the file is its own marker, and
+    concurrent writers write the same bytes, so whichever rename lands last changes nothing.
+    """
+    for name, rows in ((DPO_FILE, make_preference_pairs), (GRPO_FILE, make_grpo_prompts)):
+        path = cache_dir / name
+        if not path.is_file():
+            _write_jsonl_atomically(path, rows(NUM_RLHF_SAMPLES, SEED))
+
+
+def _write_jsonl_atomically(path: Path, rows: list[dict[str, Any]]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        os.chmod(tmp, 0o666 & ~_current_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _check_complete(cache_dir: Path) -> None:
@@ -276,6 +328,53 @@ def _make_task(rng: random.Random) -> tuple[str, str]:
     if kind == 3:
         return f"Spell '{word}' backwards.", f"'{word}' backwards is '{word[::-1]}'."
     return f"Write '{word}' in capital letters.", f"{word.upper()}"
+
+
+def make_preference_pairs(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` DPO pairs in ms-swift's format: `messages` ending in the chosen answer, and `rejected_response`.
+
+    The tasks are the chat dataset's; the rejected answer is the same sentence with a wrong result (a number
+    off by 1-9, the word not reversed, the word in lower case), so the pair differs in a few tokens only.
+    """
+    rng = random.Random(f"dpo-{seed}")
+    pairs = []
+    for _ in range(n):
+        question, chosen, rejected = _make_pair(rng)
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": chosen}]
+        pairs.append({"messages": messages, "rejected_response": rejected})
+    return pairs
+
+
+def _make_pair(rng: random.Random) -> tuple[str, str, str]:
+    kind = rng.randrange(4)
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    wrong = rng.choice([-1, 1]) * rng.randint(1, 9)
+    word = rng.choice(WORDS)
+    if kind == 0:
+        return f"What is {a} + {b}?", f"{a} + {b} = {a + b}.", f"{a} + {b} = {a + b + wrong}."
+    if kind == 1:
+        return f"What is {a} - {b}?", f"{a} - {b} = {a - b}.", f"{a} - {b} = {a - b + wrong}."
+    if kind == 2:
+        return (
+            f"Spell '{word}' backwards.",
+            f"'{word}' backwards is '{word[::-1]}'.",
+            f"'{word}' backwards is '{word}'.",
+        )
+    return f"Write '{word}' in capital letters.", word.upper(), word
+
+
+def make_grpo_prompts(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` GRPO prompts: one user turn asking a small sum or difference, and its `solution` (the number).
+
+    ms-swift generates the completions and passes `solution` to the reward functions as a keyword.
+    """
+    rng = random.Random(f"grpo-{seed}")
+    prompts = []
+    for _ in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        question, answer = (f"What is {a} + {b}?", a + b) if rng.random() < 0.5 else (f"What is {a} - {b}?", a - b)
+        prompts.append({"messages": [{"role": "user", "content": question}], "solution": str(answer)})
+    return prompts
 
 
 def train_tokenizer(
@@ -368,6 +467,9 @@ def main(argv: list[str] | None = None) -> None:
     assets = build_tiny_assets(args.cache_dir, args.preset)
     print(f"model_dir={assets.model_dir}")
     print(f"dataset_path={assets.dataset_path}")
+    print(f"dpo_path={assets.dpo_path}")
+    print(f"grpo_path={assets.grpo_path}")
+    print(f"reward_plugin={REWARD_PLUGIN}")
 
 
 if __name__ == "__main__":

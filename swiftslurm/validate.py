@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.storage_spec import BACKGROUND_PRIORITIES
+from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
     from swiftslurm.config import Config
@@ -205,7 +206,12 @@ def check_paths(cfg: Config, topology: Topology) -> None:
         return
     candidates = [("model.id", cfg.model.id)] + [("dataset", d) for d in cfg.dataset]
     for field, value in candidates:
-        if value == "tiny" or value.startswith("/") or _is_hub_id(value):
+        if (
+            value == "tiny"
+            or (field == "dataset" and value in TINY_DATASETS)
+            or value.startswith("/")
+            or _is_hub_id(value)
+        ):
             continue
         raise ConfigError(
             f"{field}={value!r} is a relative path on a {topology.nodes}-node run; nodes may not share the "
