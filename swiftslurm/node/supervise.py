@@ -42,6 +42,7 @@ from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlis
 from swiftslurm.node.storage.sync import NodeSync, restore
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.rundir import RESUME, attempt_dir, node_log, plan_file, preflight_report, resume_file
 from swiftslurm.runs import is_cancelled
 from swiftslurm.storage_spec import StorageSpec
 from swiftslurm.tiny import build_tiny_assets
@@ -51,7 +52,6 @@ REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the si
 # Healthy nodes write their result as soon as their trainer exits; this must stay well under SLURM's own
 # reaction to a dead node (SlurmdTimeout + KillWait), or the leader is killed before it names the host.
 SILENT_HOST_WAIT_S = 10.0
-RESUME_FILE = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 RESUME_WAIT_S = 900.0  # restoring a large checkpoint from object storage can take a while
 KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time
 
@@ -83,7 +83,7 @@ class Observed:
 
 
 def load_plan(run_dir: Path) -> JobPlan:
-    path = run_dir / "plan.json"
+    path = plan_file(run_dir)
     if not path.is_file():
         raise NodeError(
             f"{path} does not exist. HINT: prepare the run directory with `python -m swiftslurm ... "
@@ -118,7 +118,7 @@ def run_node(run_dir_arg: str) -> NodeResult:
         if failure is not None and leader:
             return _stop_after_preflight(run_dir, where, attempt, failure)
     for retry in range(1, 1 << 30):
-        resume = _agree_on_resume(plan, run_dir / "logs" / attempt, leader)
+        resume = _agree_on_resume(plan, attempt_dir(run_dir, attempt), leader)
         sync = NodeSync(plan.storage, run_dir, plan.output_dir) if leader and plan.storage else None
         # A run whose newest commit is its last step is complete (killed or signalled after that commit):
         # starting the trainer again would train past the plan.
@@ -130,7 +130,7 @@ def run_node(run_dir_arg: str) -> NodeResult:
             str(_log(run_dir, attempt, where)),
             str(resume.checkpoint) if resume.checkpoint else None,
         )
-        records.write_node_result(run_dir / "logs" / attempt, where.node_id, result.hostname, observed.exit_code)
+        records.write_node_result(attempt_dir(run_dir, attempt), where.node_id, result.hostname, observed.exit_code)
         if not leader:
             return result
         decision = _conclude(plan, where, run_dir, attempt, resume, observed)
@@ -150,7 +150,7 @@ def _agree_on_resume(plan: JobPlan, attempt_dir: Path, leader: bool) -> ResumePo
     """The leader picks the resume point (and sets aside what is newer) and publishes it; the other nodes
     wait for that choice, so every rank loads the same checkpoint even while the leader is still
     quarantining or restoring."""
-    path = attempt_dir / RESUME_FILE
+    path = attempt_dir / RESUME
     if leader:
         if plan.storage is not None:
             _restore_or_tell(plan.storage, plan.output_dir, path)
@@ -183,7 +183,7 @@ def _restore_or_tell(spec: StorageSpec, output_dir: Path, resume_file: Path) -> 
 
 
 def _log(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
-    return run_dir / "logs" / attempt / f"node{where.node_id}.log"
+    return node_log(attempt_dir(run_dir, attempt), where.node_id)
 
 
 def _trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path) -> dict[str, str]:
@@ -321,7 +321,7 @@ def _conclude(
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
     hosts = where.hosts or (socket.gethostname(),)
-    failed = _failed_host(run_dir / "logs" / attempt, hosts, observed)
+    failed = _failed_host(attempt_dir(run_dir, attempt), hosts, observed)
     facts = decide.AttemptFacts(
         exit_code=observed.exit_code,
         signal_reason=signal_reason,
@@ -456,7 +456,7 @@ def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
 
 def _stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: str) -> NodeResult:
     """Record the failed preflight as this attempt (no training ran, no requeue) and tell the other nodes."""
-    why = f"preflight failed: {failure} (report: {run_dir / preflight.PREFLIGHT_DIR / attempt / preflight.REPORT})"
+    why = f"preflight failed: {failure} (report: {preflight_report(run_dir, attempt)})"
     reason = decide.Reason.INFRA.value
     now = round(time.time(), 3)
     hosts = list(where.hosts) or [socket.gethostname()]
@@ -464,9 +464,9 @@ def _stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure:
     record |= {"start": now, "end": now, "preflight": "failed", "progressed": False, "reason": reason}
     records.append_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
     records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
-    resume_file = run_dir / "logs" / attempt / RESUME_FILE
-    resume_file.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(resume_file, {"checkpoint": None, "step": 0, "error": why})  # the others stop waiting
+    chosen = resume_file(run_dir, attempt)
+    chosen.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(chosen, {"checkpoint": None, "step": 0, "error": why})  # the others stop waiting
     print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)
     return NodeResult(0, socket.gethostname(), 1, "", None, decide.Action.STOP.value, why)
 
