@@ -5,7 +5,7 @@
       config.yaml        the composed Hydra config, for people
       job.sbatch         `sbatch RUN_DIR/job.sbatch` submits the run by hand
       job.json           the latest submission (job id, scheduler)
-      status.json        the leader's view of the run, replaced atomically
+      status.json        the leader's view of the run (state, the phase of its attempt), replaced atomically
       attempts.jsonl     one record per attempt, append-only
       attempt_open.json  the attempt in progress; left behind if it died without a record
       cancelled.json     `swiftslurm cancel` was here

@@ -9,6 +9,7 @@
     ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here
     DONE
 
+The leader records the phase it enters in status.json ("phase").
 Other nodes always end with exit code 0: with `srun --kill-on-bad-exit` a failing follower would kill the
 leader before it has decided.
 """
@@ -92,8 +93,16 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult:
     attempt = Attempt(run_dir, plan, where, attempt_id(where))
     while attempt.phase is not Phase.DONE:
         attempt.phase = PHASES[attempt.phase](attempt)
+        _record_phase(attempt)
     assert attempt.result is not None  # every way to DONE sets it
     return attempt.result
+
+
+def _record_phase(a: Attempt) -> None:
+    """status.json says which phase the leader's attempt has reached, so a reader sees where it is (the
+    leader alone writes status.json; PREPARE is not recorded, it ends by writing the status afresh)."""
+    if a.leader:
+        records.update_status(a.run_dir, phase=a.phase.value)
 
 
 def _prepare(a: Attempt) -> Phase:
