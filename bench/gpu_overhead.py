@@ -110,7 +110,7 @@ def run_one(args: argparse.Namespace, strategy: str, arm: str, pair: int, job_id
             job.start(run_dir, root)
             codes = [p.wait() for p in job.procs]
         else:
-            # Exactly what the wrapper gives its trainer (supervise._trainer_env), from the same srun environment.
+            # Exactly what the wrapper gives its trainer (node/watch.py: trainer_env), from the same srun environment.
             node_env = job.node_env(0)
             where = SlurmEnv.from_environ(node_env)
             argv = swift_command(plan)

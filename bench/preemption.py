@@ -54,7 +54,7 @@ from swiftslurm.render import swift_command  # noqa: E402
 
 MAX_STEPS = 200
 SIGNAL_AT_STEP = 30
-POLL_S = 0.5  # as the wrapper's ProgressWatch polls (swiftslurm.node.supervise.POLL_S)
+POLL_S = 0.5  # as the wrapper's ProgressWatch polls (swiftslurm.node.watch.POLL_S)
 JOB_TIMEOUT_S = 900.0
 ENDED_CHECK_S = 2.0  # how often to ask whether a run ended early (sacct is slow)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

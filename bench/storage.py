@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm and tests/ are this checkout's
 
 from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit  # noqa: E402
-from swiftslurm.node.storage.sync import UPLOAD_HISTORY  # noqa: E402
+from swiftslurm.rundir import UPLOAD_HISTORY  # noqa: E402
 
 STEP_TIMES = "step_times.json"  # written by bench/step_times_plugin.py into the run's output dir
 

@@ -21,6 +21,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from swiftslurm import rundir
 from swiftslurm.config import Config, open_dict_overrides, register_configs
 from swiftslurm.errors import ConfigError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, PlanContext, make_plan
@@ -49,7 +50,7 @@ def follow(job: submitit.Job[Any], plan: JobPlan) -> None:
     seen: dict[Path, int] = {}
     while not job.done():
         time.sleep(POLL_S)
-        for log in sorted(Path(plan.run_dir, "logs").glob("*/node0.log")):
+        for log in sorted(rundir.leader_logs(plan.run_dir)):
             text = log.read_text(errors="replace")
             for match in _LOSS.finditer(text, seen.get(log, 0)):
                 print(f"  step {match.group(2)}  loss {match.group(1)}", flush=True)
@@ -98,7 +99,7 @@ def already_submitted(run_dir: Path) -> str | None:
     Makes re-running a command (or a sweep) resume what stopped and leave alone what did not."""
     from swiftslurm.ops import ACTIVE_STATES, facts_of
 
-    if not (run_dir / "job.json").is_file():
+    if not (run_dir / rundir.JOB).is_file():
         return None
     facts = facts_of(run_dir)
     if facts.state == "finished":
@@ -110,14 +111,14 @@ def already_submitted(run_dir: Path) -> str | None:
 
 def run(cfg: DictConfig) -> int:
     from swiftslurm import submit, tiny
-    from swiftslurm.runs import CANCELLED_FILE, record_submission
+    from swiftslurm.runs import record_submission
 
     sweep = sweep_dir()
     plan = make_plan(to_config(cfg), PlanContext(cwd=Path.cwd(), sweep_point=sweep_point()))
     run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
     if cfg.dry_run:
         print(dry_run_report(plan))
-        how = f"sbatch {run_dir / 'job.sbatch'}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
+        how = f"sbatch {run_dir / rundir.SBATCH}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
         print(f"\nNothing submitted (dry_run=true). Run directory written: {run_dir}\nSubmit by hand: {how}")
         return 0
     if (skip := already_submitted(run_dir)) is not None:
@@ -126,7 +127,7 @@ def run(cfg: DictConfig) -> int:
         return 0
     if plan.tiny_cache:
         tiny.build_tiny_assets(Path(plan.tiny_cache))
-    (run_dir / CANCELLED_FILE).unlink(missing_ok=True)  # submitting again is resuming
+    (run_dir / rundir.CANCELLED).unlink(missing_ok=True)  # submitting again is resuming
     if sweep is not None and cfg.array_parallelism and plan.scheduler == "slurm":
         _record_point(sweep, plan, "planned")  # the end of the sweep submits the array (sweep.SweepCallback)
         return 0

@@ -18,8 +18,8 @@ from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.records import read_attempts
+from swiftslurm.rundir import CANCELLED, NODE_LOG, logs_dir, node_logs, plan_file
 from swiftslurm.runs import (
-    CANCELLED_FILE,
     FINAL_STATES,
     RunFacts,
     ask_slurm,
@@ -51,7 +51,7 @@ def cancel(run_dir: Path, save_wait_s: float = CANCEL_SAVE_WAIT_S) -> str:
     facts = facts_of(run_dir)
     if facts.state in FINAL_STATES:
         return f"{facts.run_name}: already {facts.state}; nothing to cancel."
-    write_json_atomic(run_dir / CANCELLED_FILE, {"at": time.time()})
+    write_json_atomic(run_dir / CANCELLED, {"at": time.time()})
     if not (facts.job_id and slurm_job_ids([run_dir])):
         return f"{facts.run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
     saved = ""
@@ -84,8 +84,8 @@ def resume(run_dir: Path) -> str:
         return f"{facts.run_name}: {facts.state} as job {facts.job_id}; not resubmitted."
     if facts.state == "finished":
         return f"{facts.run_name}: finished; nothing to resume."
-    plan = JobPlan.load(run_dir / "plan.json")
-    (run_dir / CANCELLED_FILE).unlink(missing_ok=True)
+    plan = JobPlan.load(plan_file(run_dir))
+    (run_dir / CANCELLED).unlink(missing_ok=True)
     job = submit.submit(plan)
     record_submission(run_dir, str(job.job_id), plan.scheduler)
     where = f"step {facts.committed_step}" if facts.committed_step else "the start (nothing committed)"
@@ -93,7 +93,7 @@ def resume(run_dir: Path) -> str:
 
 
 def current_attempt_dir(run_dir: Path) -> Path | None:
-    attempts = [d for d in (run_dir / "logs").glob("*") if d.is_dir() and any(d.glob("node*.log"))]
+    attempts = [d for d in logs_dir(run_dir).glob("*") if d.is_dir() and node_logs(d)]
     return max(attempts, key=lambda d: d.stat().st_mtime, default=None)
 
 
@@ -103,9 +103,9 @@ def print_logs(run_dir: Path, node: int | None, follow: bool) -> None:
     offsets: dict[Path, int] = {}
     while True:
         attempt = current_attempt_dir(run_dir)
-        logs = sorted(attempt.glob("node*.log")) if attempt else []
+        logs = node_logs(attempt) if attempt else []
         for log in logs:
-            if node is not None and log.name != f"node{node}.log":
+            if node is not None and log.name != NODE_LOG.format(node=node):
                 continue
             with open(log, errors="replace") as stream:
                 stream.seek(offsets.get(log, 0))

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm import tiny, validate
+from swiftslurm import rundir, tiny, validate
 from swiftslurm.errors import ConfigError
 from swiftslurm.node.engines.base import as_list
 from swiftslurm.node.engines.registry import engine_for
@@ -144,7 +144,7 @@ class JobPlan:
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.run_dir) / "output"
+        return rundir.output_dir(self.run_dir)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -353,7 +353,7 @@ def _swift_args(
         args |= dict(extra)
     # What the engine needs to save on SLURM's signal and commit every checkpoint (swiftslurm's plugin),
     # keeping whatever callbacks and plugins the configuration asked for.
-    args |= engine.forced_args(args, run_dir / "output")
+    args |= engine.forced_args(args, rundir.output_dir(run_dir))
     if (why := engine.refusal(args)) is not None:
         raise ConfigError(why)
     return {k: v for k, v in args.items() if v is not None}

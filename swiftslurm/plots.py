@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.rundir import plan_file
 from swiftslurm.runs import RunFacts, read_json, read_metrics
 from swiftslurm.sweep import is_sweep, run_dirs
 
@@ -24,7 +25,7 @@ def _pyplot() -> Any:
 def plot_run(run_dir: Path) -> list[Path]:
     """loss.png and throughput.png in the run dir (nothing when no step was logged yet)."""
     metrics = read_metrics(run_dir)
-    plan = read_json(run_dir / "plan.json") or {}
+    plan = read_json(plan_file(run_dir)) or {}
     name = str(plan.get("run_name", run_dir.name))
     written = []
     plt = _pyplot()

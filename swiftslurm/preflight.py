@@ -25,6 +25,7 @@ from swiftslurm.node import preflight_checks as pc
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import sbatch_directives, sbatch_value
+from swiftslurm.rundir import PREFLIGHT, SBATCH, SLURM_LOG, plan_file, preflight_dir, preflight_report, slurm_log
 
 POLL_S = 2.0
 # Directives of the training job that a checks-only job must not copy: its own name, time, log and no requeue.
@@ -45,7 +46,7 @@ def render_preflight_sbatch(plan: JobPlan, timeout_s: float) -> str:
         ("job-name", f"preflight-{plan.slurm.job_name}"),
         *pairs,
         ("time", str(time_limit_min(timeout_s))),
-        ("output", f"{node_preflight.PREFLIGHT_DIR}/slurm-%j.out"),  # relative to --chdir, the run dir
+        ("output", f"{PREFLIGHT}/{SLURM_LOG}"),  # relative to --chdir, the run dir
     ]
     lines = ["#!/bin/bash", f"# swiftslurm preflight of run {plan.run_name}: generated from plan.json."]
     lines += [f"#SBATCH --{k}={sbatch_value(k, v)}" if v else f"#SBATCH --{k}" for k, v in pairs]
@@ -59,14 +60,14 @@ def render_preflight_sbatch(plan: JobPlan, timeout_s: float) -> str:
 
 def submit_and_wait(plan: JobPlan, timeout_s: float) -> tuple[str, pc.Report | None]:
     """Submit the checks-only job; return its id and node 0's report (None if node 0 wrote none)."""
-    folder = Path(plan.run_dir) / node_preflight.PREFLIGHT_DIR
+    folder = preflight_dir(plan.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    script = folder / "job.sbatch"
+    script = folder / SBATCH
     script.write_text(render_preflight_sbatch(plan, timeout_s))
     job_id = slurm_cli.run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
     print(f"submitted preflight job {job_id} ({plan.topology.nodes} node(s)); waiting for it", flush=True)
     _wait_for(job_id)
-    return job_id, _read_report(folder / job_id / node_preflight.REPORT)
+    return job_id, _read_report(preflight_report(plan.run_dir, job_id))
 
 
 def _wait_for(job_id: str) -> None:
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             job_id, found = submit_and_wait(plan, timeout_s)
             if found is None:
-                log = run_dir / node_preflight.PREFLIGHT_DIR / f"slurm-{job_id}.out"
+                log = slurm_log(preflight_dir(run_dir), job_id)
                 print(f"swiftslurm: preflight job {job_id} left no report. Its output ({log}):", file=sys.stderr)
                 print(_tail(log), file=sys.stderr)
                 return 2
@@ -125,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swiftslurm: error: {err}", file=sys.stderr)
         return 2
     print(pc.render_table(report))
-    print(f"report: {run_dir / node_preflight.PREFLIGHT_DIR / report.attempt / node_preflight.REPORT}")
+    print(f"report: {preflight_report(run_dir, report.attempt)}")
     return 0 if report.ok else 1
 
 
 def _load(run_dir: Path) -> JobPlan:
-    path = run_dir / "plan.json"
+    path = plan_file(run_dir)
     if not path.is_file():
         raise NodeError(
             f"{path} does not exist. HINT: prepare the run directory first: "

@@ -10,6 +10,7 @@ import shlex
 
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import LOGS, SLURM_LOG
 
 NODE_ENTRY = ("-m", "swiftslurm.node")  # what srun runs on every node: python -m swiftslurm.node RUN_DIR
 
@@ -63,7 +64,7 @@ def sbatch_directives(plan: JobPlan) -> list[tuple[str, str]]:
         ("signal", spec.signal),
         ("chdir", plan.run_dir),
         # Relative to --chdir: a '%' in the run dir would otherwise be read as a filename pattern.
-        ("output", "logs/slurm-%j.out"),
+        ("output", f"{LOGS}/{SLURM_LOG}"),
         ("open-mode", "append"),  # a requeued job keeps its earlier output
         ("requeue", None),
         *spec.extra,

@@ -9,6 +9,7 @@ from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
+from swiftslurm.rundir import SBATCH
 from swiftslurm.runs import read_metrics
 
 EXAMPLE_JOB_ID = "12345"
@@ -73,7 +74,7 @@ def node_env_table(plan: JobPlan) -> str:
 def dry_run_report(plan: JobPlan) -> str:
     sections = [("plan", describe_plan(plan))]
     if plan.slurm:
-        sections.append(("job.sbatch", render_sbatch(plan).rstrip()))
+        sections.append((SBATCH, render_sbatch(plan).rstrip()))
     where = (
         f"example allocation: SLURM_JOB_ID={EXAMPLE_JOB_ID}, hosts node001..; MASTER_PORT = "
         f"{plan.master_port_base} + job id mod 20000"

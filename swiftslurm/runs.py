@@ -3,7 +3,7 @@
 
 A run directory holds: plan.json (the plan), job.json (the latest submission), status.json (the leader's
 view), attempts.jsonl (one record per attempt), sync.json (object storage), output/logging.jsonl
-(ms-swift's metrics), and cancelled.json once someone cancelled the run.
+(ms-swift's metrics), and cancelled.json once someone cancelled the run (names: swiftslurm/rundir.py).
 """
 
 from __future__ import annotations
@@ -19,18 +19,15 @@ from typing import Any
 
 from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed, write_json_atomic
 from swiftslurm.node.records import read_attempts, read_status
+from swiftslurm.rundir import CANCELLED, JOB, METRICS, SYNC_STATE, leader_logs, output_dir, plan_file
 
-JOB_FILE = "job.json"
-CANCELLED_FILE = "cancelled.json"
-SYNC_FILE = "sync.json"
-METRICS = Path("output") / "logging.jsonl"
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
 
 
 def record_submission(run_dir: Path, job_id: str, scheduler: str) -> None:
     """The job that now carries the run (a resubmission replaces it)."""
-    write_json_atomic(run_dir / JOB_FILE, {"job_id": job_id, "scheduler": scheduler, "submitted": time.time()})
+    write_json_atomic(run_dir / JOB, {"job_id": job_id, "scheduler": scheduler, "submitted": time.time()})
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -42,7 +39,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def is_cancelled(run_dir: Path) -> bool:
-    return (run_dir / CANCELLED_FILE).is_file()
+    return (run_dir / CANCELLED).is_file()
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ def _metric_records(run_dir: Path) -> list[dict[str, Any]]:
     """ms-swift's per-step records: output/logging.jsonl, or, while it has none yet (it can lag behind),
     the progress lines of node 0's logs, oldest attempt first."""
     records = []
-    path = run_dir / METRICS
+    path = output_dir(run_dir) / METRICS
     for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
         try:
             records.append(json.loads(line))
@@ -72,7 +69,7 @@ def _metric_records(run_dir: Path) -> list[dict[str, Any]]:
             continue  # a line being written
     if any("loss" in r for r in records if isinstance(r, dict)):
         return records
-    logs = sorted((run_dir / "logs").glob("*/node0.log"), key=lambda p: p.stat().st_mtime)
+    logs = sorted(leader_logs(run_dir), key=lambda p: p.stat().st_mtime)
     for log in logs:
         for match in _LOG_RECORD.finditer(log.read_text(errors="replace")):
             try:
@@ -203,9 +200,9 @@ class RunFacts:
 
 def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
     """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only)."""
-    plan = read_json(run_dir / "plan.json") or {}
+    plan = read_json(plan_file(run_dir)) or {}
     status = read_status(run_dir) or {}
-    job = read_json(run_dir / JOB_FILE) or {}
+    job = read_json(run_dir / JOB) or {}
     attempts = read_attempts(run_dir)
     metrics = read_metrics(run_dir)
     job_id = str(job.get("job_id") or status.get("job_id") or "") or None
@@ -213,7 +210,7 @@ def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
     if job.get("scheduler") == "local" and job_id:
         slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
-    committed, _ = newest_committed(run_dir / "output")
+    committed, _ = newest_committed(output_dir(run_dir))
     global_batch = _global_batch(plan)
     return RunFacts(
         run_dir=str(run_dir),
@@ -229,7 +226,7 @@ def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
         loss=metrics.loss,
         samples_per_s=global_batch / metrics.seconds_per_step if metrics.seconds_per_step and global_batch else None,
         goodput=goodput(attempts, int(plan.get("topology", {}).get("nodes", 1))),
-        storage=read_json(run_dir / SYNC_FILE),
+        storage=read_json(run_dir / SYNC_STATE),
     )
 
 
@@ -241,7 +238,7 @@ def _local_job_state(pid: str) -> str:
 
 def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
     """The job ids SLURM can answer for (local jobs are processes of this machine, not SLURM jobs)."""
-    jobs = [read_json(d / JOB_FILE) or {} for d in run_dirs]
+    jobs = [read_json(d / JOB) or {} for d in run_dirs]
     return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
 
 

@@ -21,11 +21,12 @@ from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node.storage.store import CheckpointStore, MiB, newest_remote_step
+from swiftslurm.rundir import plan_file
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 
 def _plan_storage(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "plan.json"
+    path = plan_file(run_dir)
     if not path.is_file():
         raise StorageError(f"{path} does not exist. HINT: pass the run directory that holds plan.json.")
     storage = json.loads(path.read_text()).get("storage")

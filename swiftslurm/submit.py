@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm import slurm_cli
+from swiftslurm import rundir, slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import render_sbatch
@@ -48,14 +48,14 @@ def check_same_run(plan: JobPlan, existing: Path) -> None:
 def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
     """Create or re-use the run directory: config.yaml, plan.json, job.sbatch (SLURM), logs/."""
     run_dir = Path(plan.run_dir)
-    plan_path = run_dir / "plan.json"
+    plan_path = rundir.plan_file(run_dir)
     if plan_path.is_file():
         check_same_run(plan, plan_path)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / "config.yaml", config_yaml)
+    rundir.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / rundir.CONFIG, config_yaml)
     write_atomic(plan_path, plan.to_json())
     if plan.slurm is not None:
-        write_atomic(run_dir / "job.sbatch", render_sbatch(plan))
+        write_atomic(run_dir / rundir.SBATCH, render_sbatch(plan))
     return run_dir
 
 
@@ -92,7 +92,7 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
 def make_executor(plan: JobPlan, folder: Path | None = None) -> submitit.AutoExecutor:
     import submitit
 
-    folder = folder or Path(plan.run_dir) / "submitit"
+    folder = folder or Path(plan.run_dir) / rundir.SUBMITIT
     if plan.scheduler == "local":
         executor = submitit.AutoExecutor(folder=folder, cluster="local")
     else:

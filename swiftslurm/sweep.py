@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.node.ckpt.checkpoint import write_json_atomic
+from swiftslurm.rundir import SUBMITIT, plan_file
 from swiftslurm.runs import read_json
 
-SWEEP_FILE = "sweep.json"
+SWEEP_FILE = "sweep.json"  # in the sweep folder, beside its run directories
 
 
 def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
@@ -34,12 +35,12 @@ def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
 def run_dirs(path: Path) -> list[Path]:
     """The run directories behind ``path``: a run dir itself, a sweep dir's points, or every run dir
     directly inside a folder (e.g. `runs/`)."""
-    if (path / "plan.json").is_file():
+    if plan_file(path).is_file():
         return [path]
     sweep = read_json(path / SWEEP_FILE)
     if sweep is not None:
         return [Path(p["run_dir"]) for p in sweep.get("points", []) if p.get("run_dir")]
-    return sorted(child for child in path.iterdir() if (child / "plan.json").is_file()) if path.is_dir() else []
+    return sorted(child for child in path.iterdir() if plan_file(child).is_file()) if path.is_dir() else []
 
 
 def is_sweep(path: Path) -> bool:
@@ -57,11 +58,11 @@ def submit_planned(sweep_dir: Path, parallelism: int) -> list[str]:
     planned = [p for p in data.get("points", []) if p.get("action") == "planned"]
     groups: dict[str, list[tuple[dict[str, Any], JobPlan]]] = {}
     for point in planned:
-        plan = JobPlan.load(Path(point["run_dir"]) / "plan.json")
+        plan = JobPlan.load(plan_file(Path(point["run_dir"])))
         groups.setdefault(submit.allocation_key(plan), []).append((point, plan))
     job_ids = []
     for members in groups.values():
-        jobs = submit.submit_array([plan for _, plan in members], sweep_dir / "submitit", parallelism)
+        jobs = submit.submit_array([plan for _, plan in members], sweep_dir / SUBMITIT, parallelism)
         for (point, plan), job in zip(members, jobs, strict=True):
             record_submission(Path(plan.run_dir), str(job.job_id), plan.scheduler)
             record_point(sweep_dir, {**point, "job_id": str(job.job_id), "action": "submitted"})

@@ -37,9 +37,8 @@ from swiftslurm.node import torch_probe
 from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.slurm_env import SlurmEnv, master_port
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import PREFLIGHT_REPORT, plan_file, preflight_attempt_dir, preflight_rank_report, preflight_token
 
-PREFLIGHT_DIR = "preflight"
-REPORT = "report.json"
 POLL_S = 0.25
 DIST_CHECK = "torch.distributed all-reduce"
 
@@ -67,10 +66,10 @@ class Context:
 
     @property
     def dir(self) -> Path:
-        return self.run_dir / PREFLIGHT_DIR / self.attempt
+        return preflight_attempt_dir(self.run_dir, self.attempt)
 
     def token(self, node: int) -> Path:
-        return self.dir / f"rank{node}.token"
+        return preflight_token(self.dir, node)
 
     def host_of(self, node: int) -> str:
         return self.where.hosts[node] if node < len(self.where.hosts) else f"node {node}"
@@ -115,7 +114,7 @@ def _leader(ctx: Context, start: float) -> pc.Report:
     extra = {"master": f"{ctx.master_addr}:{ctx.port}", "backend": backend, "hosts": list(ctx.where.hosts)}
     report = pc.assemble(ctx.attempt, [own, *reports], extra)
     with contextlib.suppress(OSError):  # a run dir node 0 cannot write is in the report already
-        write_json_atomic(ctx.dir / REPORT, report.to_dict())
+        write_json_atomic(ctx.dir / PREFLIGHT_REPORT, report.to_dict())
     return report
 
 
@@ -161,7 +160,7 @@ def _peer_report(
         own: pc.NodeReport | None = got[node][0]
         seen: tuple[pc.Check, ...] = (token,)
     else:
-        own = _read_report_file(ctx.dir / f"rank{node}.json")
+        own = _read_report_file(preflight_rank_report(ctx.dir, node))
         seen = (token, pc.peer_missing(ctx.master_addr, ctx.port, time.monotonic() - start, own is not None))
     checks = (*own.checks, *seen) if own else seen
     return pc.NodeReport(node, ctx.host_of(node), checks, own.topology if own else "")
@@ -186,7 +185,7 @@ def _follower(ctx: Context, start: float) -> pc.NodeReport:
     checks.append(pc.port_reachable(ctx.master_addr, ctx.port, error, time.monotonic() - start))
     report = pc.NodeReport(ctx.where.node_id, ctx.host, tuple(checks), _topology(ctx.plan))
     with contextlib.suppress(OSError):  # node 0 reads it when this node could not connect
-        write_json_atomic(ctx.dir / f"rank{ctx.where.node_id}.json", report.to_dict())
+        write_json_atomic(preflight_rank_report(ctx.dir, ctx.where.node_id), report.to_dict())
     if conn is None:
         return report
     with conn:
@@ -218,7 +217,7 @@ def _connect(addr: str, port: int, deadline: float) -> tuple[socket.socket | Non
 
 
 def _local_checks(ctx: Context) -> list[pc.Check]:
-    plan_path = ctx.run_dir / "plan.json"
+    plan_path = plan_file(ctx.run_dir)
     checks = [pc.plan_readable(str(plan_path), ctx.plan_error), _write_token(ctx)]
     if ctx.plan is None:
         return checks
@@ -348,7 +347,7 @@ def context(run_dir: Path, where: SlurmEnv, attempt: str, port_base: int | None,
     """Read the plan if this node can; the command-line values stand in for it when it cannot."""
     plan, plan_error = None, None
     try:
-        plan = JobPlan.load(run_dir / "plan.json")
+        plan = JobPlan.load(plan_file(run_dir))
     except (OSError, ValueError, SwiftSlurmError) as err:
         plan_error = _errno_text(err) if isinstance(err, OSError) else str(err)
     base = port_base if port_base is not None else (plan.master_port_base if plan else 10000)

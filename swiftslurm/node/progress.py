@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swiftslurm.rundir import METRICS
+
 
 @dataclass
 class ProgressWatch:
@@ -52,7 +54,7 @@ class ProgressWatch:
 def finished_steps(output_dir: Path) -> tuple[int, int] | None:
     """(global step, max steps) from ms-swift's end-of-training summary in logging.jsonl, if training
     ended (normally, or after a graceful stop); None while it runs or if it died."""
-    path = output_dir / "logging.jsonl"
+    path = output_dir / METRICS
     if not path.is_file():
         return None
     summary = None

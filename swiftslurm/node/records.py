@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.node.ckpt.checkpoint import write_json_atomic
-
-ATTEMPTS = "attempts.jsonl"
-STATUS = "status.json"
-OPEN_ATTEMPT = "attempt_open.json"  # the attempt in progress; left behind if it died without a record
+from swiftslurm.rundir import ATTEMPTS, OPEN_ATTEMPT, STATUS, node_result
 
 
 def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -69,19 +66,15 @@ def open_attempt(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None
     return previous if previous and previous.get("attempt") not in recorded else None
 
 
-def node_result_path(attempt_dir: Path, node: int) -> Path:
-    return attempt_dir / f"node{node}.json"
-
-
 def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -> None:
-    write_json_atomic(node_result_path(attempt_dir, node), {"node": node, "host": host, "exit_code": exit_code})
+    write_json_atomic(node_result(attempt_dir, node), {"node": node, "host": host, "exit_code": exit_code})
 
 
 def silent_hosts(attempt_dir: Path, hosts: tuple[str, ...], wait_s: float, poll_s: float = 1.0) -> list[str]:
     """Hosts whose wrapper wrote no result within ``wait_s``: lost nodes (or killed wrappers)."""
     deadline = time.time() + wait_s
     while True:
-        missing = [h for i, h in enumerate(hosts) if not node_result_path(attempt_dir, i).is_file()]
+        missing = [h for i, h in enumerate(hosts) if not node_result(attempt_dir, i).is_file()]
         if not missing or time.time() >= deadline:
             return missing
         time.sleep(poll_s)

@@ -24,13 +24,13 @@ import pytest
 
 from swiftslurm.node.ckpt.checkpoint import (
     MANIFEST,
-    QUARANTINE,
     checkpoint_dirs,
     checkpoint_step,
     problems,
     read_manifest,
 )
 from swiftslurm.node.records import read_attempts, read_status
+from swiftslurm.rundir import QUARANTINE
 from tests.conftest import REPO
 from tests.integration.conftest import TERMINAL, job_state, swiftslurm
 

@@ -11,7 +11,7 @@ from swiftslurm import tiny
 from swiftslurm.node.engines.hf import HfTrainerEngine
 from swiftslurm.node.engines.stop_vote import vote_cost_line
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
-from swiftslurm.node.supervise import wrapper_cost_line
+from swiftslurm.node.watch import wrapper_cost_line
 from swiftslurm.render import swift_command
 from tests.conftest import REPO, plan_for
 

@@ -20,8 +20,9 @@ import pytest
 from swiftslurm import storage_cli
 from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, is_committed, problems
 from swiftslurm.node.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
-from swiftslurm.node.storage.sync import SYNC_STATE, NodeSync, restore
+from swiftslurm.node.storage.sync import NodeSync, restore
 from swiftslurm.node.storage.uploader import Uploader
+from swiftslurm.rundir import SYNC_STATE
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import REPO
 from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.rundir import QUARANTINE
+
+# In each checkpoint-N folder and under its object-store prefix: part of the commit format, so named here.
 MANIFEST = "swiftslurm_manifest.json"
-QUARANTINE = "quarantine"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm.node.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, as_list
+from swiftslurm.rundir import METRICS
 
 if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism
@@ -32,7 +33,7 @@ class MegatronEngine(Engine):
     progress = ProgressSource(
         'output/logging.jsonl: "iteration": "K/N" (written by the last rank, on the shared run dir)',
         re.compile(r'"iteration": "(\d+)/(\d+)"'),
-        in_output_dir="logging.jsonl",
+        in_output_dir=METRICS,
     )
 
     def batch_args(self, batch: BatchPlan) -> dict[str, Any]:

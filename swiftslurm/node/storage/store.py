@@ -29,7 +29,6 @@ from typing import Any
 
 from swiftslurm.node.ckpt.checkpoint import (
     MANIFEST,
-    QUARANTINE,
     fsync_dir,
     is_committed,
     problems,
@@ -39,6 +38,7 @@ from swiftslurm.node.ckpt.checkpoint import (
 from swiftslurm.node.storage.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
 from swiftslurm.node.storage.parallel import Transfer
 from swiftslurm.node.storage.send import LocalFile, Send, SendOptions
+from swiftslurm.rundir import QUARANTINE
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 log = logging.getLogger("swiftslurm.store")

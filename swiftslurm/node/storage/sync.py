@@ -22,13 +22,10 @@ from swiftslurm.node.ckpt.checkpoint import (
 )
 from swiftslurm.node.storage.store import CheckpointStore, restore_if_newer
 from swiftslurm.node.storage.uploader import Uploader
+from swiftslurm.rundir import SYNC_STATE, UPLOAD_HISTORY
 from swiftslurm.storage_spec import StorageSpec
 
 log = logging.getLogger("swiftslurm.sync")
-SYNC_STATE = "sync.json"
-UPLOAD_HISTORY = (
-    "uploads.jsonl"  # a line per upload (swiftslurm.node.storage.uploader.Uploader: when, how long, how much)
-)
 SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkpoints
 LAST_FAILURES = 5  # failures kept in sync.json
 

@@ -1,0 +1,207 @@
+"""One node's attempt as an explicit state machine; each phase is a small function that returns the next.
+
+    PREPARE          allocation check, tiny assets; leader: close a lost attempt; preflight (first attempt)
+    AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
+    TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
+                     (every node then writes its result; only the leader goes on)
+    CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json
+    FINISH_UPLOADS   leader with object storage: wait (bounded) for this attempt's uploads
+    ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here
+    DONE
+
+The leader records the phase it enters in status.json ("phase").
+Other nodes always end with exit code 0: with `srun --kill-on-bad-exit` a failing follower would kill the
+leader before it has decided.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from swiftslurm.node import decide, preflight, preflight_checks, records
+from swiftslurm.node.ckpt.checkpoint import ResumePoint
+from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
+from swiftslurm.node.requeue import requeue
+from swiftslurm.node.resume import agree_on_resume
+from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
+from swiftslurm.node.storage.sync import NodeSync
+from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
+from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import attempt_dir
+from swiftslurm.tiny import build_tiny_assets
+
+KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time
+
+
+class Phase(enum.Enum):
+    PREPARE = "prepare"
+    AGREE_ON_RESUME = "agree_on_resume"
+    TRAIN = "train"
+    SKIP = "skip"
+    CONCLUDE = "conclude"
+    FINISH_UPLOADS = "finish_uploads"
+    ACT = "act"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    node_rank: int
+    hostname: str
+    exit_code: int
+    log_path: str
+    resumed_from: str | None
+    decision: str | None = None  # leader only: done | requeue | stop
+    why: str = ""
+
+
+def attempt_id(where: SlurmEnv) -> str:
+    """'<job id>' for a first attempt, '<job id>.r<N>' after the N-th requeue, 'local-<pid>' outside SLURM."""
+    base = str(where.job_id) if where.in_slurm else f"local-{where.job_id or os.getpid()}"
+    return f"{base}.r{where.restart_count}" if where.restart_count else base
+
+
+@dataclass
+class Attempt:
+    """What this node knows about its attempt so far; each phase fills in its part."""
+
+    run_dir: Path
+    plan: JobPlan
+    where: SlurmEnv
+    id: str
+    phase: Phase = Phase.PREPARE
+    retry: int = 0  # attempts retried in this process (no SLURM to requeue with)
+    resume: ResumePoint | None = None
+    sync: NodeSync | None = None
+    observed: Observed | None = None
+    decision: decide.Decision | None = None
+    result: NodeResult | None = None
+
+    @property
+    def leader(self) -> bool:
+        return self.where.node_id == 0
+
+
+def run(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult:
+    """Step through the phases until the run is done, stopped, or requeued."""
+    attempt = Attempt(run_dir, plan, where, attempt_id(where))
+    while attempt.phase is not Phase.DONE:
+        attempt.phase = PHASES[attempt.phase](attempt)
+        _record_phase(attempt)
+    assert attempt.result is not None  # every way to DONE sets it
+    return attempt.result
+
+
+def _record_phase(a: Attempt) -> None:
+    """status.json says which phase the leader's attempt has reached, so a reader sees where it is (the
+    leader alone writes status.json; PREPARE is not recorded, it ends by writing the status afresh)."""
+    if a.leader:
+        records.update_status(a.run_dir, phase=a.phase.value)
+
+
+def _prepare(a: Attempt) -> Phase:
+    check_allocation(a.where, a.plan)
+    if a.plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
+        build_tiny_assets(Path(a.plan.tiny_cache))
+    if a.leader and (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id)) is not None:
+        return _stopped(a, why)
+    # Once per job, not after a requeue: every node must take the same branch, and SLURM's restart count is
+    # the one fact they all share before the run dir is known to be shared.
+    if a.plan.preflight.enabled and a.where.restart_count == 0:
+        failure = _preflight(a.run_dir, a.where, a.id)
+        if failure is not None and a.leader:
+            return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure))
+    return Phase.AGREE_ON_RESUME
+
+
+def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
+    """Run the checks on every node; node 0 gets the first failure of the whole allocation (None: passed)."""
+    result = preflight.run(preflight.context(run_dir, where, attempt, None, None))
+    print(preflight.show(result), flush=True)
+    return result.first_failure() if isinstance(result, preflight_checks.Report) else None
+
+
+def _stopped(a: Attempt, why: str) -> Phase:
+    """The leader stops the run before training (no requeue)."""
+    a.result = NodeResult(0, socket.gethostname(), 1, "", None, decide.Action.STOP.value, why)
+    return Phase.DONE
+
+
+def _agree_on_resume(a: Attempt) -> Phase:
+    a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader)
+    a.sync = NodeSync(a.plan.storage, a.run_dir, a.plan.output_dir) if a.leader and a.plan.storage else None
+    # A run whose newest commit is its last step is complete (killed or signalled after that commit):
+    # starting the trainer again would train past the plan.
+    return Phase.SKIP if a.resume.complete else Phase.TRAIN
+
+
+def _train(a: Attempt) -> Phase:
+    assert a.resume is not None
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync)
+    return _trained(a, a.resume, a.observed)
+
+
+def _skip(a: Attempt) -> Phase:
+    assert a.resume is not None
+    a.observed = nothing_to_train()
+    return _trained(a, a.resume, a.observed)
+
+
+def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
+    """Every node writes its result (the leader learns from them which host went silent); only the leader
+    goes on."""
+    resumed_from = str(resume.checkpoint) if resume.checkpoint else None
+    log = str(node_log_path(a.run_dir, a.id, a.where))
+    a.result = NodeResult(a.where.node_id, socket.gethostname(), observed.exit_code, log, resumed_from)
+    records.write_node_result(attempt_dir(a.run_dir, a.id), a.where.node_id, a.result.hostname, observed.exit_code)
+    return Phase.CONCLUDE if a.leader else Phase.DONE
+
+
+def _conclude(a: Attempt) -> Phase:
+    assert a.resume is not None and a.observed is not None and a.result is not None
+    a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed)
+    a.result = replace(a.result, decision=a.decision.action.value, why=a.decision.why)
+    return Phase.FINISH_UPLOADS if a.sync is not None else Phase.ACT
+
+
+def _finish_uploads(a: Attempt) -> Phase:
+    """Wait (bounded) for this attempt's uploads and put the outcome into status.json. Before a requeue the
+    wait ends ahead of SLURM's end time, or the job would be killed before it is requeued; what is left is
+    uploaded by the next attempt."""
+    assert a.sync is not None and a.decision is not None
+    budget = a.plan.storage.wait_at_exit_s if a.plan.storage else 0.0
+    ends = end_time(a.where) if a.decision.action is decide.Action.REQUEUE else None
+    if ends is not None:
+        budget = min(budget, ends - time.time() - KILL_MARGIN_S)
+    a.sync.drain(budget)
+    records.update_status(a.run_dir, storage=a.sync.state())
+    return Phase.ACT
+
+
+def _act(a: Attempt) -> Phase:
+    assert a.decision is not None
+    if a.decision.action is not decide.Action.REQUEUE:
+        return Phase.DONE
+    if a.where.in_slurm:
+        requeue(a.where, a.plan, a.decision)
+    time.sleep(a.decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
+    a.retry += 1
+    a.id = f"{attempt_id(a.where)}.retry{a.retry}"
+    return Phase.AGREE_ON_RESUME
+
+
+PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
+    Phase.PREPARE: _prepare,
+    Phase.AGREE_ON_RESUME: _agree_on_resume,
+    Phase.TRAIN: _train,
+    Phase.SKIP: _skip,
+    Phase.CONCLUDE: _conclude,
+    Phase.FINISH_UPLOADS: _finish_uploads,
+    Phase.ACT: _act,
+}

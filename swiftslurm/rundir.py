@@ -1,0 +1,112 @@
+"""The one owner of every file name in a run directory; the login side and the node side both read it.
+
+    RUN_DIR/
+      plan.json          the resolved plan: the contract between the login side and the nodes
+      config.yaml        the composed Hydra config, for people
+      job.sbatch         `sbatch RUN_DIR/job.sbatch` submits the run by hand
+      job.json           the latest submission (job id, scheduler)
+      status.json        the leader's view of the run (state, the phase of its attempt), replaced atomically
+      attempts.jsonl     one record per attempt, append-only
+      attempt_open.json  the attempt in progress; left behind if it died without a record
+      cancelled.json     `swiftslurm cancel` was here
+      sync.json          object storage: what is uploaded, what failed
+      uploads.jsonl      a line per upload, by node/storage/uploader.py (when, how long, how much)
+      logs/slurm-%j.out  SLURM's output of the batch script
+      logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json
+      preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
+      output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
+                         (a checkpoint's manifest is named by node/ckpt/checkpoint.py, with the commit format)
+      submitit/          submitit's own files
+
+Only names and paths here (no I/O, no imports beyond pathlib): the node side imports it, and must stay light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PLAN = "plan.json"
+CONFIG = "config.yaml"
+SBATCH = "job.sbatch"
+JOB = "job.json"
+STATUS = "status.json"
+ATTEMPTS = "attempts.jsonl"
+OPEN_ATTEMPT = "attempt_open.json"
+CANCELLED = "cancelled.json"
+SYNC_STATE = "sync.json"
+UPLOAD_HISTORY = "uploads.jsonl"
+LOGS = "logs"
+SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
+RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
+PREFLIGHT = "preflight"
+PREFLIGHT_REPORT = "report.json"
+OUTPUT = "output"
+QUARANTINE = "quarantine"  # in output/: checkpoints set aside (uncommitted, or newer than the resume point)
+METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
+SUBMITIT = "submitit"
+NODE_LOG = "node{node}.log"  # in logs/<attempt>/
+NODE_RESULT = "node{node}.json"  # in logs/<attempt>/
+PREFLIGHT_RANK_REPORT = "rank{node}.json"  # in preflight/<attempt>/
+PREFLIGHT_TOKEN = "rank{node}.token"  # in preflight/<attempt>/
+
+
+def plan_file(run_dir: Path) -> Path:
+    return run_dir / PLAN
+
+
+def output_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / OUTPUT
+
+
+def logs_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / LOGS
+
+
+def attempt_dir(run_dir: Path, attempt: str) -> Path:
+    return logs_dir(run_dir) / attempt
+
+
+def node_log(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / NODE_LOG.format(node=node)
+
+
+def node_logs(attempt_dir: Path) -> list[Path]:
+    return sorted(attempt_dir.glob(NODE_LOG.format(node="*")))
+
+
+def leader_logs(run_dir: Path | str) -> list[Path]:
+    """Node 0's log of every attempt, in no particular order."""
+    return list(logs_dir(run_dir).glob("*/" + NODE_LOG.format(node=0)))
+
+
+def node_result(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / NODE_RESULT.format(node=node)
+
+
+def resume_file(run_dir: Path, attempt: str) -> Path:
+    return attempt_dir(run_dir, attempt) / RESUME
+
+
+def preflight_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / PREFLIGHT
+
+
+def preflight_attempt_dir(run_dir: Path | str, attempt: str) -> Path:
+    return preflight_dir(run_dir) / attempt
+
+
+def preflight_report(run_dir: Path | str, attempt: str) -> Path:
+    return preflight_attempt_dir(run_dir, attempt) / PREFLIGHT_REPORT
+
+
+def preflight_rank_report(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / PREFLIGHT_RANK_REPORT.format(node=node)
+
+
+def preflight_token(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / PREFLIGHT_TOKEN.format(node=node)
+
+
+def slurm_log(folder: Path, job_id: str) -> Path:
+    """SLURM_LOG once SLURM has filled in the job id."""
+    return folder / SLURM_LOG.replace("%j", job_id)
