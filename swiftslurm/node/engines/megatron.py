@@ -63,7 +63,8 @@ class MegatronEngine(Engine):
         if "none" in [str(v) for v in as_list(args.get("report_to"))]:
             # ms-swift 4.6 turns each report_to entry into a callback name: 'none' is a KeyError at start-up.
             return (
-                "swift.report_to=none crashes `megatron` 4.6 at start-up (KeyError 'none'). HINT: leave report_to out."
+                "swift.report_to=none crashes `megatron` 4.6 at start-up (KeyError 'none'). HINT: leave report_to "
+                "out (set by a config group such as model=tiny: add ~model.swift.report_to to the command)."
             )
         return None
 
