@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from swiftslurm.node.ckpt.checkpoint import newest_checkpoint
+from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan
@@ -35,6 +36,12 @@ def describe_plan(plan: JobPlan) -> str:
             f"signal {spec.signal}, gpus/node {spec.gpus or 0}"
         )
     return "\n".join(lines)
+
+
+def describe_engine(plan: JobPlan) -> str:
+    rows = engine_for(plan.launcher).describe()
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key.ljust(width)}  {value}" for key, value in rows)
 
 
 def example_node_envs(plan: JobPlan) -> list[tuple[SlurmEnv, dict[str, str]]]:
@@ -82,6 +89,7 @@ def dry_run_report(plan: JobPlan) -> str:
         else "this machine"
     )
     sections.append((f"per-node environment ({where}; '-' = not set)", node_env_table(plan)))
+    sections.append(("engine (how swiftslurm drives it)", describe_engine(plan)))
     sections.append(("ms-swift command (every node)", display_command(swift_command(plan))))
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections)
 

@@ -32,6 +32,8 @@ CASES = {
         "run_dir=/scratch/vl",
         "cluster.setup=[module load cuda/12.4,source /opt/venv/bin/activate]",
     ],
+    "recipe_h100x8-qwen3vl-megatron": ["+recipe=h100x8-qwen3vl-megatron", "run_dir=/scratch/vl"],
+    "recipe_a100x16-qwen3moe-megatron-ep": ["+recipe=a100x16-qwen3moe-megatron-ep", "run_dir=/scratch/moe"],
 }
 
 

@@ -83,6 +83,17 @@ class Engine:
         """How a resume is expressed, for people (the dry run)."""
         return " ".join(self.resume_args(Path("CKPT"), ()))
 
+    def describe(self) -> list[tuple[str, str]]:
+        """The adapter's choices, for people (the dry run shows them)."""
+        return [
+            ("adapter", f"{type(self).__name__} (`{self.launcher}`)"),
+            ("commit hook", f"{', '.join(self.callbacks)} from {self.plugin.name} (--external_plugins, every rank)"),
+            ("progress", self.progress.description),
+            ("finished", "a committed checkpoint of the planned last step (its manifest says so)"),
+            ("resume", self.resume_form()),
+            ("stop signal", "USR2 to the training ranks only (never to what they start, e.g. vLLM or data workers)"),
+        ]
+
     # -- node side ----------------------------------------------------------------------------------
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         raise NotImplementedError

@@ -1,0 +1,20 @@
+/opt/venv/bin/megatron sft \
+    --model Qwen/Qwen3-30B-A3B \
+    --dataset 'AI-ModelScope/alpaca-gpt4-data-en#5000' \
+    --tuner_type full \
+    --tensor_model_parallel_size 4 \
+    --pipeline_model_parallel_size 1 \
+    --context_parallel_size 1 \
+    --expert_model_parallel_size 2 \
+    --sequence_parallel true \
+    --micro_batch_size 1 \
+    --global_batch_size 16 \
+    --seed 42 \
+    --ddp_timeout 1800 \
+    --lr 1e-05 \
+    --bf16 true \
+    --save_steps 100 \
+    --output_dir /scratch/moe/output \
+    --add_version false \
+    --callbacks swiftslurm_megatron_stop swiftslurm_megatron_commit \
+    --external_plugins <repo>/swiftslurm/node/engines/megatron_plugin.py

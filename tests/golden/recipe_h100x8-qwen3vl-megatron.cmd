@@ -1,0 +1,23 @@
+/opt/venv/bin/megatron sft \
+    --model Qwen/Qwen3-VL-8B-Instruct \
+    --dataset 'AI-ModelScope/LaTeX_OCR:human_handwrite#2000' \
+    --tuner_type lora \
+    --tensor_model_parallel_size 4 \
+    --pipeline_model_parallel_size 2 \
+    --context_parallel_size 1 \
+    --expert_model_parallel_size 1 \
+    --sequence_parallel true \
+    --micro_batch_size 1 \
+    --global_batch_size 64 \
+    --seed 42 \
+    --ddp_timeout 1800 \
+    --lora_rank 128 \
+    --lora_alpha 256 \
+    --lr 1e-05 \
+    --max_length 8192 \
+    --bf16 true \
+    --save_steps 200 \
+    --output_dir /scratch/vl/output \
+    --add_version false \
+    --callbacks swiftslurm_megatron_stop swiftslurm_megatron_commit \
+    --external_plugins <repo>/swiftslurm/node/engines/megatron_plugin.py
