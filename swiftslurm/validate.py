@@ -138,11 +138,6 @@ def _check_needs_gpus(cfg: Config) -> None:
 
 
 def _check_vllm(cfg: Config) -> None:
-    if cfg.task.vllm_mode and cfg.task.launcher == "megatron":
-        raise ConfigError(
-            f"task.vllm_mode={cfg.task.vllm_mode} with `megatron {cfg.task.command}`: swiftslurm does not "
-            "combine vLLM rollouts with Megatron. HINT: use task=grpo with strategy=zero3 (or zero2/fsdp2)."
-        )
     if cfg.task.vllm_mode == "server" and not cfg.task.vllm_server_host:
         raise ConfigError(
             "task.vllm_mode=server needs the rollout server's address. HINT: start `swift rollout` on a "

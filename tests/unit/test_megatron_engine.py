@@ -167,6 +167,11 @@ def test_megatron_settings_that_break_resume_are_refused_at_plan_time(override: 
     assert "HINT" in str(err.value)
 
 
+def test_vllm_rollouts_with_megatron_are_refused_by_the_adapter() -> None:
+    with pytest.raises(ConfigError, match="vLLM rollouts with Megatron"):
+        plan_for(*MEGATRON, "task.command=rlhf", "task.rlhf_type=grpo", "task.vllm_mode=colocate")
+
+
 def test_the_real_run_was_saved_at_the_signal_and_resumed_from_that_commit() -> None:
     first, second = (json.loads(line) for line in (DATA / "attempts.jsonl").read_text().splitlines())
     assert (first["reason"], first["committed_step"], first["last_step"]) == ("preempted", 6, 6)

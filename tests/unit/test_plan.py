@@ -90,7 +90,7 @@ def test_plan_round_trips_through_json() -> None:
         (["swift.output_dir=/x"], "managed by swiftslurm"),
         (["+cluster=a100x8", "strategy=megatron", "task=grpo"], "needs a Megatron task"),
         (["+cluster=a100x8", "strategy=zero3", "task=megatron_sft"], "needs strategy=megatron"),
-        (["+cluster=a100x8", "strategy=megatron", "task=megatron_sft", "task.vllm_mode=colocate"], "vLLM"),
+        (["+cluster=a100x8", "strategy=megatron", "task=megatron_sft", "task.vllm_mode=colocate"], "vllm_mode"),
         (["+cluster=a100x16", "cluster.partition=null"], "cluster.partition=NAME"),
         (["+cluster=a100x16", "cluster.time=4h"], "not a SLURM time limit"),
         (["+cluster=a100x16", "cluster.time=0"], "is zero"),

@@ -49,6 +49,12 @@ class MegatronEngine(Engine):
         }
 
     def refusal(self, args: Mapping[str, Any]) -> str | None:
+        if args.get("vllm_mode"):
+            return (
+                f"task.vllm_mode={args['vllm_mode']} with `megatron`: swiftslurm does not combine vLLM rollouts "
+                "with Megatron (untested: which processes catch the stop signal). "
+                "HINT: use task=grpo with strategy=zero3 (or zero2/fsdp2)."
+            )
         if _true(args.get("async_save")):
             return (
                 "swift.async_save=true: Megatron writes the checkpoint after its save hook returns, so "
