@@ -2,11 +2,13 @@
 
 ``make_plan(config)`` is the only place where the composed configuration is interpreted. Its result,
 ``JobPlan``, is written to ``plan.json`` in the run directory and is the only thing the node side
-reads (``JobPlan.load``). Nothing here imports Hydra, torch or ms-swift: planning must stay fast.
+reads (``JobPlan.load_checked``: only the plan.json whose SHA-256 was recorded when the run dir was prepared).
+Nothing here imports Hydra, torch or ms-swift: planning must stay fast.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import rundir, tiny, validate
-from swiftslurm.errors import ConfigError
+from swiftslurm.errors import ConfigError, NodeError
 from swiftslurm.node.engines.base import as_list
 from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.storage_spec import StorageSpec
@@ -162,6 +164,30 @@ class JobPlan:
     @classmethod
     def load(cls, path: Path) -> JobPlan:
         return cls.from_json(path.read_text())
+
+    @classmethod
+    def load_checked(cls, run_dir: Path) -> JobPlan:
+        """plan.json exactly as it was when the run dir was prepared (its SHA-256 is in plan.sha256): a plan
+        edited by hand, half-written or replaced since must not start a run. Reads the file once."""
+        path, digest_path = rundir.plan_file(run_dir), rundir.plan_digest_file(run_dir)
+        text = path.read_text()
+        if not digest_path.is_file():
+            raise NodeError(
+                f"{digest_path} does not exist, so {path} cannot be checked. HINT: prepare the run dir with this "
+                f"swiftslurm (`python -m swiftslurm ... dry_run=true run_dir={run_dir}`), then submit it."
+            )
+        recorded, actual = digest_path.read_text().strip(), plan_digest(text)
+        if actual != recorded:
+            raise NodeError(
+                f"{path} changed since the run dir was prepared (SHA-256 {actual[:12]}, recorded {recorded[:12]}). "
+                f"HINT: never edit plan.json; re-plan with `python -m swiftslurm ... run_dir={run_dir}`."
+            )
+        return cls.from_json(text)
+
+
+def plan_digest(text: str) -> str:
+    """The SHA-256 of plan.json's text, as recorded in plan.sha256."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _from_dict(cls: Any, data: dict[str, Any]) -> Any:

@@ -2,6 +2,7 @@
 
     RUN_DIR/
       plan.json          the resolved plan: the contract between the login side and the nodes
+      plan.sha256        plan.json's SHA-256, recorded when the run dir is prepared; checked on the node first
       config.yaml        the composed Hydra config, for people
       job.sbatch         `sbatch RUN_DIR/job.sbatch` submits the run by hand
       job.json           the latest submission (job id, scheduler)
@@ -18,6 +19,8 @@
                          (a checkpoint's manifest is named by node/ckpt/checkpoint.py, with the commit format)
       submitit/          submitit's own files
 
+The run dir itself is RUN_DIR_MODE (owner and group only), whatever the umask; it holds no secrets.
+
 Only names and paths here (no I/O, no imports beyond pathlib): the node side imports it, and must stay light.
 """
 
@@ -25,7 +28,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+RUN_DIR_MODE = 0o750
 PLAN = "plan.json"
+PLAN_DIGEST = "plan.sha256"
 CONFIG = "config.yaml"
 SBATCH = "job.sbatch"
 JOB = "job.json"
@@ -52,6 +57,10 @@ PREFLIGHT_TOKEN = "rank{node}.token"  # in preflight/<attempt>/
 
 def plan_file(run_dir: Path) -> Path:
     return run_dir / PLAN
+
+
+def plan_digest_file(run_dir: Path) -> Path:
+    return run_dir / PLAN_DIGEST
 
 
 def output_dir(run_dir: Path | str) -> Path:

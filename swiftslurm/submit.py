@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from swiftslurm import rundir, slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError
-from swiftslurm.plan import JobPlan
+from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.render import render_sbatch
 
 if TYPE_CHECKING:
@@ -46,14 +46,21 @@ def check_same_run(plan: JobPlan, existing: Path) -> None:
 
 
 def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
-    """Create or re-use the run directory: config.yaml, plan.json, job.sbatch (SLURM), logs/."""
+    """Create or re-use the run directory: config.yaml, plan.json and its digest, job.sbatch (SLURM), logs/.
+
+    The run dir is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs and checkpoints
+    are the user's own); plan.sha256 lets the nodes check that they run this plan."""
     run_dir = Path(plan.run_dir)
     plan_path = rundir.plan_file(run_dir)
     if plan_path.is_file():
         check_same_run(plan, plan_path)
-    rundir.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # never wider than the owner's, even for a moment
+    os.chmod(run_dir, rundir.RUN_DIR_MODE)
+    rundir.logs_dir(run_dir).mkdir(exist_ok=True)
     write_atomic(run_dir / rundir.CONFIG, config_yaml)
-    write_atomic(plan_path, plan.to_json())
+    plan_text = plan.to_json()
+    write_atomic(plan_path, plan_text)
+    write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n")
     if plan.slurm is not None:
         write_atomic(run_dir / rundir.SBATCH, render_sbatch(plan))
     return run_dir

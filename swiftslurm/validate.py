@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from swiftslurm import secrets
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.storage_spec import BACKGROUND_PRIORITIES
 from swiftslurm.tiny import DATASETS as TINY_DATASETS
@@ -57,7 +58,7 @@ def check_choices(cfg: Config) -> None:
         _choice("task.vllm_mode", cfg.task.vllm_mode, VLLM_MODES)
     _check_launcher_matches_engine(cfg)
     _check_storage(cfg)
-    _check_no_secrets(cfg.cluster.env)
+    _check_no_secrets(cfg)
     if cfg.array_parallelism < 0:
         raise ConfigError(f"array_parallelism={cfg.array_parallelism}: 0 (a job per point) or the most points at once.")
     _check_needs_gpus(cfg)
@@ -106,18 +107,13 @@ def _check_storage(cfg: Config) -> None:
         raise ConfigError(f"storage.keep={storage.keep}: keep the newest K remote checkpoints (0 keeps all).")
 
 
-# Values of these would be written into plan.json and job.sbatch in clear text.
-SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE)
+def _check_no_secrets(cfg: Config) -> None:
+    """Every field of the composed config (cluster.env, swift.*, storage.endpoint_url, cluster.setup, ...) is
+    written to plan.json, config.yaml or job.sbatch: none may hold a credential."""
+    from dataclasses import asdict
 
-
-def _check_no_secrets(env: dict[str, Any]) -> None:
-    secrets = sorted(name for name in env if SECRET_ENV.search(name))
-    if secrets:
-        raise ConfigError(
-            f"cluster.env sets {', '.join(secrets)}: plan.json and job.sbatch would hold them in clear text. "
-            "HINT: export credentials in the shell you submit from (SLURM passes the environment on) or use "
-            "AWS_PROFILE / an instance role; never put them in the config."
-        )
+    if (why := secrets.find_secret(asdict(cfg))) is not None:
+        raise ConfigError(why)
 
 
 def _check_needs_gpus(cfg: Config) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from swiftslurm.node.signals import descendants, send
+from swiftslurm.secrets import redact_argv
 
 
 def _ignore_save_signal() -> None:
@@ -27,7 +28,7 @@ class Trainer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         with open(log_path, "ab", buffering=0) as log:
-            log.write(f"[swiftslurm] exec: {' '.join(argv)}\n".encode())
+            log.write(f"[swiftslurm] exec: {' '.join(redact_argv(argv))}\n".encode())
             self.proc = subprocess.Popen(
                 list(argv),
                 env=dict(env),

@@ -347,7 +347,7 @@ def context(run_dir: Path, where: SlurmEnv, attempt: str, port_base: int | None,
     """Read the plan if this node can; the command-line values stand in for it when it cannot."""
     plan, plan_error = None, None
     try:
-        plan = JobPlan.load(plan_file(run_dir))
+        plan = JobPlan.load_checked(run_dir)
     except (OSError, ValueError, SwiftSlurmError) as err:
         plan_error = _errno_text(err) if isinstance(err, OSError) else str(err)
     base = port_base if port_base is not None else (plan.master_port_base if plan else 10000)

@@ -33,13 +33,14 @@ class TrainingFailed(RuntimeError):
 
 
 def load_plan(run_dir: Path) -> JobPlan:
+    """The plan this run dir was prepared with, checked against its recorded digest before anything runs."""
     path = plan_file(run_dir)
     if not path.is_file():
         raise NodeError(
             f"{path} does not exist. HINT: prepare the run directory with `python -m swiftslurm ... "
             "dry_run=true run_dir=DIR` (it writes plan.json and job.sbatch), then submit that directory."
         )
-    return JobPlan.load(path)
+    return JobPlan.load_checked(run_dir)
 
 
 def run_node(run_dir_arg: str) -> NodeResult:

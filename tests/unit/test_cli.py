@@ -34,7 +34,7 @@ def test_dry_run_writes_the_run_directory_and_submits_nothing(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     done = swiftslurm("+cluster=a100x16", f"run_dir={run_dir}", "dry_run=true", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert {p.name for p in run_dir.iterdir()} == {"config.yaml", "plan.json", "job.sbatch", "logs"}
+    assert {p.name for p in run_dir.iterdir()} == {"config.yaml", "plan.json", "plan.sha256", "job.sbatch", "logs"}
     assert json.loads((run_dir / "plan.json").read_text())["topology"]["nodes"] == 2
     assert not (run_dir / "submitit").exists()
 

@@ -122,7 +122,7 @@ def test_plan_round_trips_through_json() -> None:
         (["storage=s3"], "storage.bucket=NAME"),
         (["storage=s3", "storage.bucket=b", "storage.addressing_style=dns"], "Valid values are: auto, path"),
         (["+cluster=local-slurm", "cluster.signal_lead_s=5000"], "signal_lead_s"),
-        (["+cluster.env.AWS_SECRET_ACCESS_KEY=x"], "never put them in the config"),
+        (["+cluster.env.AWS_SECRET_ACCESS_KEY=x"], "never put it in the config"),
         (["storage=s3", "storage.bucket=b", "storage.keep=-1"], "storage.keep=-1"),
     ],
 )

@@ -16,6 +16,7 @@ from swiftslurm.node import preflight
 from swiftslurm.node import preflight_checks as pc
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import PlanContext, make_plan, min_free_gb
+from swiftslurm.submit import prepare_run_dir
 from tests.conftest import compose_config, plan_for
 
 
@@ -159,9 +160,7 @@ def test_checks_pass_on_this_machine(tmp_path: Path) -> None:
     data.write_text("{}\n")
     cfg = compose_config(f"run_dir={tmp_path / 'run'}", f"model.id={model}", f"dataset=[{data}]")
     plan = make_plan(cfg, PlanContext(cwd=tmp_path))
-    run_dir = Path(plan.run_dir)
-    run_dir.mkdir(parents=True)
-    (run_dir / "plan.json").write_text(plan.to_json())
+    run_dir = prepare_run_dir(plan, "")
     where = SlurmEnv.local({})
     # Outside SLURM the port is the base itself: a free one below the kernel's ephemeral range, so that no
     # outgoing connection of another test takes it between the checks.
