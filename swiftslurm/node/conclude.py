@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from swiftslurm import slurm_cli
@@ -227,16 +228,8 @@ def _reached_last_step(plan: JobPlan) -> bool:
 
 
 def _budget(plan: JobPlan) -> decide.Budget:
-    r = plan.resilience
-    return decide.Budget(
-        max_attempts=r.max_attempts,
-        max_timeouts=r.max_timeouts,
-        max_unknown_stops=r.max_unknown_stops,
-        max_consecutive_failures=r.max_consecutive_failures,
-        backoff_base_s=r.backoff_base_s,
-        backoff_max_s=r.backoff_max_s,
-        exclude_host_s=r.exclude_host_s,
-    )
+    """The node side's copy of the run's budgets: Budget's fields, taken from the plan's Resilience."""
+    return decide.Budget(**{f.name: getattr(plan.resilience, f.name) for f in fields(decide.Budget)})
 
 
 def _history(run_dir: Path, reason: decide.Reason, progressed: bool, failed: str | None) -> decide.History:

@@ -357,27 +357,29 @@ def decide_by_reason(
 
 
 def decide_timeout(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
-    count = f"{history.timeouts} of {budget.max_timeouts} time-outs"
-    if history.timeouts <= budget.max_timeouts:
-        return Decision(Action.REQUEUE, Reason.TIMED_OUT, f"{explanation}; requeued ({count})", 0, exclude)
-    why = (
-        f"{explanation}; stopped: {history.timeouts} time-outs exceed the budget of {budget.max_timeouts}: "
-        f"raise `resilience.max_timeouts` or the time limit `cluster.time`, then {RESUBMIT}"
+    fix = "raise `resilience.max_timeouts` or the time limit `cluster.time`"
+    return decide_counted(
+        Reason.TIMED_OUT, explanation, (history.timeouts, budget.max_timeouts, "time-outs"), fix, exclude
     )
-    return Decision(Action.STOP, Reason.TIMED_OUT, why)
 
 
 def decide_unknown_stop(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
     """A stop signal whose cause SLURM could not tell (preemption or time limit): requeued, but not for ever."""
-    count = f"{history.unknown_stops} of {budget.max_unknown_stops} stops of unknown cause"
-    if history.unknown_stops <= budget.max_unknown_stops:
-        return Decision(Action.REQUEUE, Reason.UNKNOWN_STOP, f"{explanation}; requeued ({count})", 0, exclude)
-    why = (
-        f"{explanation}; stopped: {history.unknown_stops} stop signals of unknown cause exceed the budget of "
-        f"{budget.max_unknown_stops}: check that `scontrol show job` works on the nodes (or raise "
-        f"`resilience.max_unknown_stops`), then {RESUBMIT}"
-    )
-    return Decision(Action.STOP, Reason.UNKNOWN_STOP, why)
+    fix = "check that `scontrol show job` works on the nodes (or raise `resilience.max_unknown_stops`)"
+    count = (history.unknown_stops, budget.max_unknown_stops, "stops of unknown cause")
+    return decide_counted(Reason.UNKNOWN_STOP, explanation, count, fix, exclude)
+
+
+def decide_counted(
+    reason: Reason, explanation: str, count: tuple[int, int, str], fix: str, exclude: tuple[str, ...]
+) -> Decision:
+    """Requeue at once while the count (this attempt included) is within its budget; else stop, naming the fix.
+    `count`: (how many so far, the budget, what is counted)."""
+    used, limit, what = count
+    if used <= limit:
+        return Decision(Action.REQUEUE, reason, f"{explanation}; requeued ({used} of {limit} {what})", 0, exclude)
+    why = f"{explanation}; stopped: {used} {what} exceed the budget of {limit}: {fix}, then {RESUBMIT}"
+    return Decision(Action.STOP, reason, why)
 
 
 def decide_infra(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
