@@ -24,12 +24,13 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, node_log, preflight_report, resume_file
 from swiftslurm.runs import is_cancelled
 
-# Healthy nodes write their result as soon as their trainer exits; this must stay well under SLURM's own
-# reaction to a dead node (SlurmdTimeout + KillWait), or the leader is killed before it names the host.
+# Healthy nodes write their result as soon as their trainer exits; those still without one after this wait
+# are the suspects, which SLURM is then asked about.
 SILENT_HOST_WAIT_S = 10.0
 # A host that wrote no result is blamed only once SLURM says it is down; SLURM notices after SlurmdTimeout
-# (and then ends the job after KillWait), so the leader keeps asking for a while. A host that is merely slow
-# (a peer still inside a collective timeout, a shared file system's attribute cache) is never blamed.
+# (and then ends the job after KillWait: the state is seen within one poll of that), so the leader keeps
+# asking for a while. A host that is merely slow (a peer still inside a collective timeout, a shared file
+# system's attribute cache) is never blamed.
 NODE_STATE_WAIT_S = 60.0
 NODE_STATE_POLL_S = 2.0
 # `scontrol show job` can fail for a moment (slurmctld busy or restarting): ask again before giving up.
