@@ -158,11 +158,17 @@ class ResilienceConfig:
 
     max_attempts: int = doc(50, "Ceiling on attempts for the whole run, preemptions not counted.")
     max_timeouts: int = doc(20, "Attempts that may end at the time limit before the run stops.")
+    max_unknown_stops: int = doc(
+        5, "Stop signals of unknown cause (SLURM could not say the time limit) that are requeued before the run stops."
+    )
     max_consecutive_failures: int = doc(
         3, "Infrastructure failures in a row without a new committed checkpoint before the run stops."
     )
     backoff_base_s: float = doc(30.0, "Delay before the first retry after a failure, in seconds; doubles each time.")
     backoff_max_s: float = doc(600.0, "Longest retry delay, in seconds.")
+    exclude_host_s: float = doc(
+        21600.0, "Seconds a host that failed an attempt stays excluded (never more hosts than the partition spares)."
+    )
     startup_timeout_s: float = doc(3600.0, "No first training step within this many seconds = hung (killed, retried).")
     hang_timeout_s: float = doc(1800.0, "No new training step for this many seconds = hung (killed, retried).")
     user_error_window_s: float = doc(

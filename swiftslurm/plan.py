@@ -97,9 +97,11 @@ class Resilience:
 
     max_attempts: int = 50
     max_timeouts: int = 20
+    max_unknown_stops: int = 5
     max_consecutive_failures: int = 3
     backoff_base_s: float = 30.0
     backoff_max_s: float = 600.0
+    exclude_host_s: float = 21600.0
     startup_timeout_s: float = 3600.0
     hang_timeout_s: float = 1800.0
     user_error_window_s: float = 300.0

@@ -54,3 +54,22 @@ def limit_seconds(text: str) -> int | None:
         parts.insert(0, 0)
     hours, minutes, seconds = parts
     return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def node_states(hosts: list[str]) -> dict[str, str]:
+    """SLURM's state of each of these nodes ("ALLOCATED", "IDLE+NOT_RESPONDING", "DOWN+DRAIN", ...)."""
+    out = run(["scontrol", "show", "node", "-o", ",".join(hosts)])
+    states = {}
+    for line in out.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        if "NodeName" in fields:
+            states[fields["NodeName"]] = fields.get("State", "UNKNOWN")
+    return states
+
+
+def partition_size(partition: str | None) -> int:
+    """How many nodes the partition has (the cluster's default partition when None)."""
+    rows = [line.split() for line in run(["sinfo", "-h", "-N", "-o", "%N %P"]).splitlines() if line.strip()]
+    if partition is None:
+        partition = next((p.rstrip("*") for _, p in rows if p.endswith("*")), None)
+    return len({node for node, p in rows if p.rstrip("*") == partition})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from swiftslurm import slurm_cli
@@ -17,38 +18,52 @@ from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.progress import tail
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.signals import SAVE_SIGNAL
-from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.node.slurm_env import SlurmEnv, expand_hostlist
 from swiftslurm.node.watch import Observed, node_log_path
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir, preflight_report, resume_file
+from swiftslurm.rundir import attempt_dir, node_log, preflight_report, resume_file
 from swiftslurm.runs import is_cancelled
 
-# Healthy nodes write their result as soon as their trainer exits; this must stay well under SLURM's own
-# reaction to a dead node (SlurmdTimeout + KillWait), or the leader is killed before it names the host.
+# Healthy nodes write their result as soon as their trainer exits; those still without one after this wait
+# are the suspects, which SLURM is then asked about.
 SILENT_HOST_WAIT_S = 10.0
+# A host that wrote no result is blamed only once SLURM says it is down; SLURM notices after SlurmdTimeout
+# (and then ends the job after KillWait: the state is seen within one poll of that), so the leader keeps
+# asking for a while. A host that is merely slow (a peer still inside a collective timeout, a shared file
+# system's attribute cache) is never blamed.
+NODE_STATE_WAIT_S = 60.0
+NODE_STATE_POLL_S = 2.0
+# `scontrol show job` can fail for a moment (slurmctld busy or restarting): ask again before giving up.
+END_TIME_TRIES = 3
+END_TIME_PAUSE_S = 2.0
 
 
 def conclude(
     plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, observed: Observed
 ) -> decide.Decision:
     """Leader: classify the attempt, fold it into the run's history, decide, and write it all down."""
-    signal_reason = _signal_reason(observed, where, plan)
+    signal_reason, unknown_end = _signal_reason(observed, where, plan)
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
     hosts = where.hosts or (socket.gethostname(),)
-    failed = _failed_host(attempt_dir(run_dir, attempt), hosts, observed)
+    blamed = _blame(attempt_dir(run_dir, attempt), hosts, observed)
+    failed = blamed[0] if blamed else None
     facts = _facts(plan, where, run_dir, attempt, resume, observed, signal_reason, failed)
     reason, explanation = decide.classify(facts, plan.resilience.user_error_window_s)
+    if reason is decide.Reason.UNKNOWN_STOP:
+        explanation = f"{explanation} ({unknown_end})"
     committed, _ = newest_committed(plan.output_dir)
     committed_step = checkpoint_step(committed) if committed else 0
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
-    decision = decide.decide(reason, explanation, history, _budget(plan))
+    decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan))
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
         how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
         reason = decide.Reason.CANCELLED
         decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
-    records.append_attempt(run_dir, _record(where, attempt, resume, observed, decision, committed_step, failed))
+    record = _record(where, attempt, resume, observed, decision, committed_step, failed)
+    record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
+    records.append_attempt(run_dir, record)
     records.write_status(
         run_dir,
         _state(decision, cancelled),
@@ -63,13 +78,23 @@ def conclude(
 
 
 def end_time(where: SlurmEnv) -> float | None:
-    """When SLURM ends this job (None outside SLURM, or when SLURM cannot say)."""
+    """When SLURM ends this job (None outside SLURM, without a time limit, or when SLURM cannot say)."""
+    return read_end_time(where)[0]
+
+
+def read_end_time(where: SlurmEnv) -> tuple[float | None, str | None]:
+    """When SLURM ends this job, and, if SLURM could not say after a few tries, why (else None)."""
     if not where.in_slurm or where.job_id is None:
-        return None
-    try:
-        return slurm_cli.job_end_time(where.job_id)
-    except SwiftSlurmError:
-        return None
+        return None, None
+    error = ""
+    for tried in range(END_TIME_TRIES):
+        if tried:
+            time.sleep(END_TIME_PAUSE_S)
+        try:
+            return slurm_cli.job_end_time(where.job_id), None
+        except SwiftSlurmError as err:
+            error = str(err)
+    return None, f"the time limit could not be read after {END_TIME_TRIES} tries: {error}"
 
 
 def close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv, attempt: str) -> str | None:
@@ -81,7 +106,8 @@ def close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv, attempt: s
         return None
     reason = decide.Reason.INFRA
     why = f"attempt {lost['attempt']} ended without a record (a node was lost, or the job was killed)"
-    decision = decide.decide(reason, why, _history(run_dir, reason, False, None), _budget(plan))
+    history = _history(run_dir, reason, False, None)
+    decision = decide.decide(reason, why, history, _budget(plan), time.time(), _spare_nodes(plan))
     records.append_attempt(
         run_dir,
         {
@@ -137,26 +163,65 @@ def _facts(
     )
 
 
-def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> decide.Reason | None:
-    """USR2: preempted or timed out, by how close the time limit was. A TERM without USR2 is a cancel,
-    unless it came at the time limit itself (SLURM's warning was missed): that is a time-out too."""
+def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> tuple[decide.Reason | None, str | None]:
+    """USR2: preempted or timed out, by how close the time limit was; an unknown stop when SLURM cannot say
+    when that is (not a preemption: those are requeued without limit). A TERM without USR2 is a cancel,
+    unless it came at the time limit itself (SLURM's warning was missed): that is a time-out too.
+    Also returns why the end time is unknown, if it is."""
     if not observed.signals:
-        return None
-    ends = end_time(where)
+        return None, None
+    ends, unknown = read_end_time(where)
     usr2 = next((t for s, t in observed.signals if s == SAVE_SIGNAL), None)
+    if usr2 is not None and unknown:
+        return decide.Reason.UNKNOWN_STOP, unknown
     if usr2 is not None:
-        return decide.classify_signal(usr2, ends, plan.resilience.signal_lead_s)
+        return decide.classify_signal(usr2, ends, plan.resilience.signal_lead_s), None
     first = observed.signals[0][1]
     if ends is not None and decide.classify_signal(first, ends, 0) is decide.Reason.TIMED_OUT:
-        return decide.Reason.TIMED_OUT
-    return None
+        return decide.Reason.TIMED_OUT, None
+    return None, unknown
 
 
-def _failed_host(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> str | None:
-    if observed.exit_code == 0 or observed.signals or len(hosts) < 2:
+def _blame(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> tuple[str, str] | None:
+    """The host that failed this attempt and the evidence, when there is positive evidence (decide.blame)."""
+    if observed.exit_code == 0 or observed.signals:
         return None
+    own = {h: f for i, h in enumerate(hosts) if (f := decide.own_fault(tail(node_log(attempt_dir, i))))}
+    silent = _silent_hosts_states(attempt_dir, hosts, 0.0 if own else NODE_STATE_WAIT_S) if len(hosts) > 1 else {}
+    return decide.blame(silent, own)
+
+
+def _silent_hosts_states(attempt_dir: Path, hosts: tuple[str, ...], patience_s: float) -> dict[str, str]:
+    """SLURM's state of each host that wrote no result, asked again while none is reported down, for up to
+    `patience_s`."""
     silent = records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
-    return silent[0] if silent else None
+    deadline = time.time() + patience_s
+    while silent:
+        states = _node_states(silent)
+        if any(decide.node_down(state) for state in states.values()) or time.time() >= deadline:
+            return states
+        time.sleep(NODE_STATE_POLL_S)
+        silent = records.silent_hosts(attempt_dir, hosts, 0)
+    return {}
+
+
+def _node_states(hosts: list[str]) -> dict[str, str]:
+    try:
+        return slurm_cli.node_states(hosts)
+    except SwiftSlurmError as err:  # SLURM cannot say: no evidence against anyone
+        return dict.fromkeys(hosts, f"unknown ({decide.one_line(str(err), 120)})")
+
+
+def _spare_nodes(plan: JobPlan) -> int:
+    """Nodes of the partition beyond those the job needs and those the cluster config excludes already: how
+    many hosts may be excluded without making the job unschedulable (0 when SLURM cannot say)."""
+    partition = plan.slurm.partition if plan.slurm else None
+    configured = expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+    try:
+        size = slurm_cli.partition_size(partition)
+    except SwiftSlurmError:
+        return 0
+    return size - len(configured) - plan.topology.nodes
 
 
 def _reached_last_step(plan: JobPlan) -> bool:
@@ -164,12 +229,13 @@ def _reached_last_step(plan: JobPlan) -> bool:
 
 
 def _budget(plan: JobPlan) -> decide.Budget:
-    r = plan.resilience
-    return decide.Budget(r.max_attempts, r.max_timeouts, r.max_consecutive_failures, r.backoff_base_s, r.backoff_max_s)
+    """The node side's copy of the run's budgets: Budget's fields, taken from the plan's Resilience."""
+    return decide.Budget(**{f.name: getattr(plan.resilience, f.name) for f in fields(decide.Budget)})
 
 
 def _history(run_dir: Path, reason: decide.Reason, progressed: bool, failed: str | None) -> decide.History:
-    return decide.history_after(decide.history_of(records.read_attempts(run_dir)), reason, progressed, failed)
+    past = decide.history_of(records.read_attempts(run_dir))
+    return decide.history_after(past, reason, progressed, failed, time.time())
 
 
 def _state(decision: decide.Decision, cancelled: bool) -> str:

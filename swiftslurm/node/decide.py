@@ -27,6 +27,7 @@ class Reason(str, Enum):
     FINISHED = "finished"  # training reached its last step
     PREEMPTED = "preempted"  # SLURM's signal (or a manual one) arrived well before the time limit
     TIMED_OUT = "timed_out"  # the signal arrived near the time limit
+    UNKNOWN_STOP = "unknown_stop"  # a stop signal when SLURM could not say when the time limit ends
     INFRA = "infra"  # collective timeout, lost peer or node, killed process, hang: worth another attempt
     USER_ERROR = "user_error"  # bad input or a config that cannot fit: another attempt would fail the same way
     CANCELLED = "cancelled"  # scancel, Ctrl-C or `swiftslurm cancel`: a person stopped it
@@ -60,7 +61,7 @@ class AttemptFacts:
     hung: bool  # our progress watchdog fired
     log_tail: str  # the last ~200 lines of this node's training log
     elapsed_s: float
-    failed_host: str | None  # a host the wrapper identified as failing, if any
+    failed_host: str | None  # a host with positive evidence of failing (see `blame`), if any
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -78,6 +79,14 @@ _INFRA = re.compile(
         )
     )
 )
+# A fault of the host's own GPU or driver, as opposed to a peer's symptom (a lost connection, a collective
+# timeout), which is how every healthy node reports a failure elsewhere.
+_DEVICE_FAULT = re.compile(
+    r"CUDA error: an illegal memory access|CUDA error: unspecified launch failure|ECC error|\bXid\b"
+)
+# SLURM node states (`scontrol show node`, `sinfo %T`) that say the node itself is at fault. DRAIN is set by
+# an admin or a health check; a node merely allocated, idle or completing proves nothing.
+_NODE_DOWN = frozenset({"DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "DRAIN", "DRAINING", "DRAINED"})
 # torchrun reports a child killed by a signal as "exitcode  : -9 (pid: 1234)" and
 # "traceback : Signal 9 (SIGKILL) received by PID 1234".
 _TORCHRUN_KILLED = re.compile(r"exitcode\s*:\s*-(\d+)|Signal (\d+) \(SIG\w+\) received by PID")
@@ -129,6 +138,30 @@ def first_log_failure(log_tail: str) -> LogFailure | None:
                 return LogFailure("exception", line)
         elif _USAGE_ERROR.match(line):
             return LogFailure("exception", line)
+    return None
+
+
+def own_fault(log_tail: str) -> str | None:
+    """The host's own GPU or driver fault in its log (the first one), or None."""
+    return next((one_line(line) for line in evidence_lines(log_tail) if _DEVICE_FAULT.search(line)), None)
+
+
+def node_down(state: str) -> bool:
+    """Whether a SLURM node state ("IDLE+NOT_RESPONDING", "down*", "ALLOCATED+DRAIN") blames the node."""
+    flags = state.upper().split("+")
+    return state.endswith("*") or any(flag.rstrip("*") in _NODE_DOWN for flag in flags)
+
+
+def blame(silent: Mapping[str, str], own_faults: Mapping[str, str]) -> tuple[str, str] | None:
+    """The failing host and the evidence against it, or None. A host is blamed on positive evidence only: SLURM
+    says a host that wrote no result is down (`silent`: host -> SLURM's state of it), or a host's own log shows
+    a fault of its GPU (`own_faults`: host -> that line). A missing result alone is no evidence: a peer still
+    inside a collective timeout, or a shared file system's attribute cache, looks the same."""
+    for host, state in silent.items():
+        if node_down(state):
+            return host, f"SLURM reports {host} as {state} and it wrote no result"
+    for host, line in own_faults.items():
+        return host, f"{host}'s own log: {line}"
     return None
 
 
@@ -208,9 +241,11 @@ class Budget:
 
     max_attempts: int = 50  # ceiling for attempts of every reason but PREEMPTED (preemptions are unlimited)
     max_timeouts: int = 20  # time-outs that are requeued; one more stops the run
+    max_unknown_stops: int = 5  # stop signals of unknown cause (SLURM could not say the end time) requeued
     max_consecutive_failures: int = 3  # INFRA attempts in a row without a new checkpoint that are requeued
     backoff_base_s: float = 30  # wait after the first infrastructure failure; doubles with each one in a row
     backoff_max_s: float = 600
+    exclude_host_s: float = 21600  # how long a failed host stays excluded, in seconds
 
 
 @dataclass(frozen=True)
@@ -220,24 +255,31 @@ class History:
     attempts: int
     timeouts: int
     consecutive_failures: int  # INFRA attempts in a row; 0 after any attempt that committed a checkpoint or finished
-    failed_hosts: tuple[str, ...] = ()  # hosts that failed so far, first failure first
+    failed_hosts: tuple[tuple[str, float], ...] = ()  # (host, when it last failed), oldest failure first
     preemptions: int = 0  # not counted against Budget.max_attempts
+    unknown_stops: int = 0
 
 
 def history_after(
-    previous: History | None, reason: Reason, committed_new_checkpoint: bool, failed_host: str | None
+    previous: History | None,
+    reason: Reason,
+    committed_new_checkpoint: bool,
+    failed_host: str | None,
+    at: float = 0.0,
 ) -> History:
-    """`previous` with the attempt that just ended added (None before the first attempt)."""
+    """`previous` with the attempt that just ended (at `at`, seconds since the epoch) added (None before the
+    first attempt)."""
     before = previous or History(attempts=0, timeouts=0, consecutive_failures=0)
     hosts = before.failed_hosts
-    if failed_host and failed_host not in hosts:
-        hosts = (*hosts, failed_host)
+    if failed_host:  # a host that fails again moves to the end with its new time
+        hosts = (*((h, t) for h, t in hosts if h != failed_host), (failed_host, at))
     return History(
         attempts=before.attempts + 1,
         timeouts=before.timeouts + (reason is Reason.TIMED_OUT),
         consecutive_failures=failures_after(before.consecutive_failures, reason, committed_new_checkpoint),
         failed_hosts=hosts,
         preemptions=before.preemptions + (reason is Reason.PREEMPTED),
+        unknown_stops=before.unknown_stops + (reason is Reason.UNKNOWN_STOP),
     )
 
 
@@ -247,8 +289,9 @@ def history_of(attempts: Iterable[Mapping[str, Any]]) -> History | None:
     fixing what stopped it, so the counts start over. The hosts that failed stay known."""
     history: History | None = None
     for record in attempts:
+        at = record.get("end") or record.get("start") or 0.0
         history = history_after(
-            history, Reason(record["reason"]), record.get("progressed", False), record.get("failed_host")
+            history, Reason(record["reason"]), record.get("progressed", False), record.get("failed_host"), at
         )
         if record.get("decision") == Action.STOP.value:
             history = History(attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=history.failed_hosts)
@@ -271,9 +314,21 @@ class Decision:
     exclude_hosts: tuple[str, ...] = ()
 
 
-def decide(reason: Reason, explanation: str, history: History, budget: Budget) -> Decision:
-    """Finish, requeue or stop after an attempt ended for `reason` (see `classify`)."""
-    decision = decide_by_reason(reason, explanation, history, budget)
+def exclusions(history: History, budget: Budget, now: float, spare_nodes: int) -> tuple[str, ...]:
+    """The hosts the next attempt avoids: those that failed within `budget.exclude_host_s` before `now`, the
+    most recent first, at most `spare_nodes` of them (the nodes the partition has beyond what the job needs
+    and what the cluster config excludes already), so that excluding never makes the job unschedulable."""
+    fresh = [host for host, at in reversed(history.failed_hosts) if now - at < budget.exclude_host_s]
+    return tuple(sorted(fresh[: max(0, spare_nodes)]))
+
+
+def decide(
+    reason: Reason, explanation: str, history: History, budget: Budget, now: float = 0.0, spare_nodes: int = 0
+) -> Decision:
+    """Finish, requeue or stop after an attempt ended for `reason` (see `classify`). `now` and `spare_nodes`
+    bound the exclusions (see `exclusions`); without them nothing is excluded."""
+    exclude = exclusions(history, budget, now, spare_nodes)
+    decision = decide_by_reason(reason, explanation, history, budget, exclude)
     counted = history.attempts - history.preemptions
     if decision.action is Action.REQUEUE and reason is not Reason.PREEMPTED and counted >= budget.max_attempts:
         why = (
@@ -284,9 +339,10 @@ def decide(reason: Reason, explanation: str, history: History, budget: Budget) -
     return decision
 
 
-def decide_by_reason(reason: Reason, explanation: str, history: History, budget: Budget) -> Decision:
-    # Every requeue carries the failed hosts, so whoever applies it may replace the exclusion list.
-    exclude = tuple(sorted(set(history.failed_hosts)))
+def decide_by_reason(
+    reason: Reason, explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]
+) -> Decision:
+    # Every requeue carries the hosts to exclude, so whoever applies it replaces the exclusion list.
     if reason is Reason.FINISHED:
         return Decision(Action.DONE, reason, f"{explanation}; done")
     if reason is Reason.USER_ERROR:
@@ -295,18 +351,35 @@ def decide_by_reason(reason: Reason, explanation: str, history: History, budget:
         return Decision(Action.REQUEUE, reason, f"{explanation}; requeued (preemptions are unlimited)", 0, exclude)
     if reason is Reason.TIMED_OUT:
         return decide_timeout(explanation, history, budget, exclude)
+    if reason is Reason.UNKNOWN_STOP:
+        return decide_unknown_stop(explanation, history, budget, exclude)
     return decide_infra(explanation, history, budget, exclude)
 
 
 def decide_timeout(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
-    count = f"{history.timeouts} of {budget.max_timeouts} time-outs"
-    if history.timeouts <= budget.max_timeouts:
-        return Decision(Action.REQUEUE, Reason.TIMED_OUT, f"{explanation}; requeued ({count})", 0, exclude)
-    why = (
-        f"{explanation}; stopped: {history.timeouts} time-outs exceed the budget of {budget.max_timeouts}: "
-        f"raise `resilience.max_timeouts` or the time limit `cluster.time`, then {RESUBMIT}"
+    fix = "raise `resilience.max_timeouts` or the time limit `cluster.time`"
+    return decide_counted(
+        Reason.TIMED_OUT, explanation, (history.timeouts, budget.max_timeouts, "time-outs"), fix, exclude
     )
-    return Decision(Action.STOP, Reason.TIMED_OUT, why)
+
+
+def decide_unknown_stop(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
+    """A stop signal whose cause SLURM could not tell (preemption or time limit): requeued, but not for ever."""
+    fix = "check that `scontrol show job` works on the nodes (or raise `resilience.max_unknown_stops`)"
+    count = (history.unknown_stops, budget.max_unknown_stops, "stops of unknown cause")
+    return decide_counted(Reason.UNKNOWN_STOP, explanation, count, fix, exclude)
+
+
+def decide_counted(
+    reason: Reason, explanation: str, count: tuple[int, int, str], fix: str, exclude: tuple[str, ...]
+) -> Decision:
+    """Requeue at once while the count (this attempt included) is within its budget; else stop, naming the fix.
+    `count`: (how many so far, the budget, what is counted)."""
+    used, limit, what = count
+    if used <= limit:
+        return Decision(Action.REQUEUE, reason, f"{explanation}; requeued ({used} of {limit} {what})", 0, exclude)
+    why = f"{explanation}; stopped: {used} {what} exceed the budget of {limit}: {fix}, then {RESUBMIT}"
+    return Decision(Action.STOP, reason, why)
 
 
 def decide_infra(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:

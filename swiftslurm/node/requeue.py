@@ -27,6 +27,11 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
     updates = _updates(plan, decision)
     if updates:
         slurm_cli.run(["scontrol", "update", f"JobId={job}", *updates])
+    if not _excluded(plan, decision):  # clear exclusions that expired (ExcNodeList stays on a requeued job)
+        try:
+            slurm_cli.run(["scontrol", "update", f"JobId={job}", "ExcNodeList="])
+        except SwiftSlurmError as err:  # the job keeps its old exclusions: it still runs, on fewer nodes
+            print(f"[swiftslurm] could not clear the job's excluded nodes: {err}", flush=True)
     # Wait here for SLURM to end this attempt (TERM is ignored, KILL follows after KillWait): returning
     # would let submitit record a result, and its waiter would take the requeued job for finished.
     while True:
@@ -36,10 +41,14 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
 def _updates(plan: JobPlan, decision: decide.Decision) -> list[str]:
     """`scontrol update` fields for the pending job: hosts to avoid and when to start."""
     updates = []
-    if decision.exclude_hosts:
-        # ExcNodeList replaces the job's list: keep the hosts the cluster config excluded too.
-        configured = expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
-        updates.append(f"ExcNodeList={','.join(sorted({*configured, *decision.exclude_hosts}))}")
+    if excluded := _excluded(plan, decision):
+        updates.append(f"ExcNodeList={','.join(excluded)}")
     if decision.delay_s > 0:
         updates.append(f"StartTime=now+{int(decision.delay_s)}")
     return updates
+
+
+def _excluded(plan: JobPlan, decision: decide.Decision) -> list[str]:
+    """The job's whole exclusion list (ExcNodeList replaces it): the cluster config's and the decision's."""
+    configured = expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+    return sorted({*configured, *decision.exclude_hosts})

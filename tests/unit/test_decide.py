@@ -13,11 +13,15 @@ from swiftslurm.node.decide import (
     Decision,
     History,
     Reason,
+    blame,
     classify,
     classify_signal,
     decide,
+    exclusions,
     history_after,
     history_of,
+    node_down,
+    own_fault,
 )
 
 # --- log excerpts, as ms-swift / torch / torchrun / SLURM print them --------------------------------------
@@ -369,8 +373,8 @@ def test_timeouts_stop_after_budget(timeouts: int, action: Action) -> None:
 def test_consecutive_failures_back_off_and_exclude_failed_hosts(
     consecutive_failures: int, action: Action, delay_s: float
 ) -> None:
-    past = history(consecutive_failures=consecutive_failures, failed_hosts=("gpu-b2", "gpu-a1", "gpu-b2"))
-    decision = decide(Reason.INFRA, "NCCL error", past, Budget())
+    past = history(consecutive_failures=consecutive_failures, failed_hosts=(("gpu-a1", 100.0), ("gpu-b2", 200.0)))
+    decision = decide(Reason.INFRA, "NCCL error", past, Budget(), now=300.0, spare_nodes=4)
     assert (decision.action, decision.delay_s) == (action, delay_s)
     if action is Action.REQUEUE:
         assert decision.exclude_hosts == ("gpu-a1", "gpu-b2")
@@ -437,8 +441,8 @@ def test_history_counts_attempts_timeouts_preemptions_and_failed_hosts() -> None
         (Reason.INFRA, False, "gpu-a1"),
         (Reason.INFRA, False, "gpu-b2"),
     )
-    assert past == History(
-        attempts=5, timeouts=1, consecutive_failures=3, failed_hosts=("gpu-b2", "gpu-a1"), preemptions=1
+    assert past == History(  # a host that fails again moves to the end (fold() gives every failure time 0)
+        attempts=5, timeouts=1, consecutive_failures=3, failed_hosts=(("gpu-a1", 0.0), ("gpu-b2", 0.0)), preemptions=1
     )
 
 
@@ -460,8 +464,124 @@ def test_a_stopped_run_that_is_resubmitted_gets_a_fresh_budget_but_remembers_bad
         record(Reason.INFRA, Action.STOP, False, "gpu-a1")
     ]
     assert history_of(stopped) == History(
-        attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=("gpu-b2", "gpu-a1")
+        attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=(("gpu-b2", 0.0), ("gpu-a1", 0.0))
     )
     cancelled = [record(Reason.TIMED_OUT, Action.REQUEUE, True), record(Reason.CANCELLED, Action.STOP, True)]
     after = history_after(history_of(cancelled), Reason.INFRA, False, None)
     assert after.attempts == 1 and after.timeouts == 0 and after.consecutive_failures == 1
+
+
+# --- stop signals of unknown cause (SLURM could not say the time limit) -------------------------------------
+
+
+@pytest.mark.parametrize(("unknown_stops", "action"), [(1, Action.REQUEUE), (5, Action.REQUEUE), (6, Action.STOP)])
+def test_unknown_stops_are_requeued_within_their_budget(unknown_stops: int, action: Action) -> None:
+    past = history(unknown_stops=unknown_stops)
+    decision = decide(Reason.UNKNOWN_STOP, "unknown stop after 3 training steps", past, Budget())
+    assert (decision.action, decision.reason) == (action, Reason.UNKNOWN_STOP)
+    if action is Action.STOP:
+        assert "resilience.max_unknown_stops" in decision.why and "scontrol show job" in decision.why
+
+
+def test_unknown_stops_count_against_the_attempt_ceiling_unlike_preemptions() -> None:
+    past = history(attempts=50, unknown_stops=1)
+    assert decide(Reason.UNKNOWN_STOP, "unknown stop", past, Budget(max_attempts=50)).action is Action.STOP
+
+
+def test_history_counts_unknown_stops() -> None:
+    past = fold((Reason.UNKNOWN_STOP, False, None), (Reason.PREEMPTED, False, None), (Reason.UNKNOWN_STOP, True, None))
+    assert (past.unknown_stops, past.preemptions, past.timeouts) == (2, 1, 0)
+
+
+# --- blame and exclusions ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "down"),
+    [
+        ("ALLOCATED", False),
+        ("MIXED", False),
+        ("IDLE", False),
+        ("COMPLETING", False),
+        ("unknown (scontrol failed)", False),
+        ("IDLE+NOT_RESPONDING", True),
+        ("DOWN", True),
+        ("down*", True),  # sinfo's %T: '*' = not responding
+        ("allocated*", True),
+        ("ALLOCATED+DRAIN", True),
+        ("DRAINING", True),
+        ("FAIL", True),
+        ("FAILING", True),
+    ],
+)
+def test_node_states_that_blame_the_node(state: str, down: bool) -> None:
+    assert node_down(state) is down
+
+
+@pytest.mark.parametrize(
+    ("silent", "own_faults", "blamed"),
+    [
+        ({}, {}, None),
+        ({"gpu-b2": "ALLOCATED"}, {}, None),  # no result yet: a peer in a collective timeout, or NFS caching
+        ({"gpu-b2": "IDLE+NOT_RESPONDING"}, {}, "gpu-b2"),
+        ({"gpu-a1": "ALLOCATED", "gpu-b2": "DOWN+NOT_RESPONDING"}, {}, "gpu-b2"),
+        ({}, {"gpu-a1": "RuntimeError: CUDA error: an illegal memory access was encountered"}, "gpu-a1"),
+        ({"gpu-b2": "DOWN"}, {"gpu-a1": "Xid 79"}, "gpu-b2"),  # a lost node explains the other's errors
+    ],
+)
+def test_a_host_is_blamed_only_on_positive_evidence(
+    silent: dict[str, str], own_faults: dict[str, str], blamed: str | None
+) -> None:
+    verdict = blame(silent, own_faults)
+    assert (verdict[0] if verdict else None) == blamed
+
+
+@pytest.mark.parametrize(
+    ("log_tail", "fault"),
+    [
+        ("[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered\n", "illegal memory access"),
+        ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus\n", "Xid"),
+        ("[rank0]: RuntimeError: Connection closed by peer [10.0.0.2]:29500\n", None),  # a peer's symptom
+        ("[rank0]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)\n", None),
+        ("    raise RuntimeError('ECC error')\n", None),  # a traceback frame quoting it is no fault
+    ],
+)
+def test_own_fault_is_a_fault_of_the_hosts_own_gpu(log_tail: str, fault: str | None) -> None:
+    found = own_fault(log_tail)
+    assert (found is None) if fault is None else (found is not None and fault in found)
+
+
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(
+    ("failed_hosts", "spare_nodes", "excluded"),
+    [
+        ((("gpu-a1", 9 * HOUR), ("gpu-b2", 9.5 * HOUR)), 4, ("gpu-a1", "gpu-b2")),
+        ((("gpu-a1", 1 * HOUR), ("gpu-b2", 9.5 * HOUR)), 4, ("gpu-b2",)),  # gpu-a1's exclusion expired
+        ((("gpu-a1", 9 * HOUR), ("gpu-b2", 9.5 * HOUR)), 1, ("gpu-b2",)),  # room for one: the latest failure
+        ((("gpu-a1", 9 * HOUR), ("gpu-b2", 9.5 * HOUR)), 0, ()),  # excluding would leave too few nodes
+        ((("gpu-a1", 9 * HOUR),), -2, ()),  # the partition is already smaller than the job
+    ],
+)
+def test_exclusions_expire_and_never_take_more_than_the_spare_nodes(
+    failed_hosts: tuple[tuple[str, float], ...], spare_nodes: int, excluded: tuple[str, ...]
+) -> None:
+    past = history(failed_hosts=failed_hosts)
+    budget = Budget(exclude_host_s=6 * HOUR)
+    assert exclusions(past, budget, 10 * HOUR, spare_nodes) == excluded
+    assert decide(Reason.INFRA, "NCCL error", past, budget, 10 * HOUR, spare_nodes).exclude_hosts == excluded
+
+
+def test_history_keeps_when_each_host_last_failed() -> None:
+    past = history_after(None, Reason.INFRA, False, "gpu-b2", at=100.0)
+    past = history_after(past, Reason.INFRA, False, "gpu-a1", at=200.0)
+    past = history_after(past, Reason.INFRA, False, "gpu-b2", at=300.0)
+    assert past.failed_hosts == (("gpu-a1", 200.0), ("gpu-b2", 300.0))
+    recorded = [
+        {"reason": "infra", "decision": "requeue", "failed_host": "gpu-b2", "end": 100.0},
+        {"reason": "infra", "decision": "requeue", "failed_host": None, "end": 150.0},
+    ]
+    assert history_of(recorded) == history_after(
+        history_after(None, Reason.INFRA, False, "gpu-b2", 100.0), Reason.INFRA, False, None, 150.0
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,11 @@ def test_plan_json_round_trips_the_storage_spec_and_holds_no_credentials(monkeyp
     plan = plan_for("storage=s3", "storage.bucket=ckpt", "storage.endpoint_url=http://s3:8333", "storage.keep=3")
     assert JobPlan.from_json(plan.to_json()) == plan
     assert "s3cr3t-in-the-environment" not in plan.to_json()
+
+
+def test_a_plan_json_written_before_the_unknown_stop_and_exclusion_budgets_still_reads() -> None:
+    plan = plan_for("+cluster=a100x16")
+    data = json.loads(plan.to_json())
+    del data["resilience"]["max_unknown_stops"], data["resilience"]["exclude_host_s"]
+    old = JobPlan.from_json(json.dumps(data))
+    assert (old.resilience.max_unknown_stops, old.resilience.exclude_host_s) == (5, 21600.0)

@@ -1,0 +1,220 @@
+"""The leader's account of an attempt with SLURM faked at its one seam (slurm_cli.run): how a stop signal is
+classified when `scontrol` cannot say the time limit, and when a host is blamed and excluded."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import slurm_cli
+from swiftslurm.errors import SubmitError
+from swiftslurm.node import conclude as conclude_mod
+from swiftslurm.node import records
+from swiftslurm.node import requeue as requeue_mod
+from swiftslurm.node.ckpt.checkpoint import ResumePoint
+from swiftslurm.node.decide import Action, Decision
+from swiftslurm.node.progress import ProgressWatch
+from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.node.watch import Observed
+from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import ATTEMPTS, attempt_dir, node_log
+from tests.conftest import plan_for
+
+HOSTS = ("node1", "node2")
+ATTEMPT = "77.0"
+USR2 = int(signal.SIGUSR2)
+ILLEGAL_ACCESS = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+
+
+class FakeSlurm:
+    """Answers slurm_cli.run like SLURM would: the job's times, node states, the partition's nodes."""
+
+    def __init__(self, end_in_s: float | None = 3600, node_state: str = "ALLOCATED", partition: int = 4) -> None:
+        self.end_in_s = end_in_s  # None: `scontrol show job` fails
+        self.job_failures_left = 10**6 if end_in_s is None else 0
+        self.node_state = node_state
+        self.partition = partition  # nodes in the partition; 0: sinfo fails
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: list[str]) -> str:
+        self.calls.append(argv)
+        if argv[:3] == ["scontrol", "show", "job"]:
+            return self._job()
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return "\n".join(
+                f"NodeName={h} Arch=x86_64 State={self.node_state} Partitions=debug" for h in argv[4].split(",")
+            )
+        if argv[0] == "sinfo" and self.partition:
+            return "".join(f"gpu{i} debug*\n" for i in range(self.partition))
+        raise SubmitError(f"`{' '.join(argv)}` failed: Socket timed out on send/recv operation")
+
+    def _job(self) -> str:
+        if self.job_failures_left > 0:
+            self.job_failures_left -= 1
+            raise SubmitError("`scontrol show job -o 77` failed: Socket timed out on send/recv operation")
+        start = datetime.fromtimestamp(time.time() - 600).isoformat(timespec="seconds")
+        limit = int(600 + (self.end_in_s or 0))
+        return f"JobId=77 JobName=x StartTime={start} TimeLimit={limit // 3600:02d}:{limit % 3600 // 60:02d}:00\n"
+
+    def job_reads(self) -> int:
+        return sum(argv[:3] == ["scontrol", "show", "job"] for argv in self.calls)
+
+
+@pytest.fixture
+def slurm(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    fake = FakeSlurm()
+    monkeypatch.setattr(slurm_cli, "run", fake.run)
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    monkeypatch.setattr(conclude_mod, "SILENT_HOST_WAIT_S", 0.0)
+    monkeypatch.setattr(conclude_mod, "NODE_STATE_WAIT_S", 0.0, raising=False)
+    return fake
+
+
+def a_plan(tmp_path: Path) -> JobPlan:
+    plan = plan_for("+cluster=local-slurm")
+    return replace(plan, run_dir=str(tmp_path / "run"))
+
+
+def conclude(
+    tmp_path: Path,
+    *,
+    exit_code: int = 0,
+    signals: list[tuple[int, float]] | None = None,
+    results: tuple[int, ...] = (0,),
+) -> Decision:
+    """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result."""
+    plan = a_plan(tmp_path)
+    run_dir = Path(plan.run_dir)
+    here = attempt_dir(run_dir, ATTEMPT)
+    here.mkdir(parents=True, exist_ok=True)
+    plan.output_dir.mkdir(exist_ok=True)
+    for node in results:
+        records.write_node_result(here, node, HOSTS[node], exit_code)
+    where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
+    watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
+    observed = Observed(exit_code, signals or [], False, watch, time.time() - 3600)
+    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed)
+
+
+def recorded(tmp_path: Path) -> dict[str, object]:
+    lines = (tmp_path / "run" / ATTEMPTS).read_text().splitlines()
+    return dict(json.loads(lines[-1]))
+
+
+def past_attempts(tmp_path: Path, *entries: dict[str, object]) -> None:
+    (tmp_path / "run").mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        records.append_attempt(tmp_path / "run", {"progressed": False, "failed_host": None, **entry})
+
+
+# --- 7. a stop signal when scontrol cannot say the time limit ------------------------------------------------
+
+
+def test_usr2_with_unreadable_time_limit_is_an_unknown_stop_not_a_preemption(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.end_in_s, slurm.job_failures_left = None, 10**6
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert (decision.reason.value, decision.action) == ("unknown_stop", Action.REQUEUE)
+    assert "time limit could not be read after 3 tries" in decision.why and "Socket timed out" in decision.why
+    assert "preemptions are unlimited" not in decision.why
+    assert slurm.job_reads() >= 3
+    assert "Socket timed out" in str(recorded(tmp_path)["end_time_error"])
+
+
+def test_unknown_stops_stop_the_run_once_their_budget_is_spent(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.end_in_s, slurm.job_failures_left = None, 10**6
+    past_attempts(
+        tmp_path, *[{"attempt": f"77.{i}", "reason": "unknown_stop", "decision": "requeue"} for i in range(5)]
+    )
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert decision.action is Action.STOP
+    assert "resilience.max_unknown_stops" in decision.why
+
+
+def test_a_time_limit_read_on_a_second_try_still_classifies_the_signal(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.end_in_s, slurm.job_failures_left = 90, 1  # scontrol fails once, then says the limit is 90 s away
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert (decision.reason.value, decision.action) == ("timed_out", Action.REQUEUE)
+    assert recorded(tmp_path)["end_time_error"] is None
+
+
+# --- 8. blame needs positive evidence; exclusions expire and never make the job unschedulable -----------------
+
+
+def test_a_host_without_a_result_that_slurm_reports_up_is_not_blamed(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.node_state = "ALLOCATED"  # e.g. still inside a 30-minute collective timeout
+    decision = conclude(tmp_path, exit_code=1, results=(0,))
+    record = recorded(tmp_path)
+    assert (decision.reason.value, decision.action) == ("infra", Action.REQUEUE)
+    assert record["failed_host"] is None and decision.exclude_hosts == ()
+
+
+@pytest.mark.parametrize("state", ["IDLE+NOT_RESPONDING", "DOWN+NOT_RESPONDING", "ALLOCATED+DRAIN", "FAIL"])
+def test_a_host_without_a_result_that_slurm_reports_down_is_blamed_and_excluded(
+    tmp_path: Path, slurm: FakeSlurm, state: str
+) -> None:
+    slurm.node_state = state
+    decision = conclude(tmp_path, exit_code=1, results=(0,))
+    record = recorded(tmp_path)
+    assert record["failed_host"] == "node2" and decision.exclude_hosts == ("node2",)
+    assert f"SLURM reports node2 as {state}" in str(record["failed_host_evidence"])
+
+
+def test_a_host_whose_own_log_shows_a_gpu_fault_is_blamed(tmp_path: Path, slurm: FakeSlurm) -> None:
+    here = attempt_dir(tmp_path / "run", ATTEMPT)
+    here.mkdir(parents=True)
+    node_log(here, 1).write_text("[rank1]: Traceback (most recent call last):\n[rank1]: " + ILLEGAL_ACCESS)
+    node_log(here, 0).write_text("[rank0]: RuntimeError: Connection closed by peer [10.0.0.2]:29500\n")
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    record = recorded(tmp_path)
+    assert record["failed_host"] == "node2" and decision.exclude_hosts == ("node2",)
+    assert "illegal memory access" in str(record["failed_host_evidence"])
+
+
+def test_an_exclusion_expires(tmp_path: Path, slurm: FakeSlurm) -> None:
+    seven_hours_ago = time.time() - 7 * 3600
+    failed = {"reason": "infra", "decision": "requeue", "failed_host": "node9", "end": seven_hours_ago}
+    past_attempts(tmp_path, {"attempt": "77.0x", **failed})
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    assert decision.action is Action.REQUEUE and decision.exclude_hosts == ()
+
+
+def test_a_recent_exclusion_is_kept(tmp_path: Path, slurm: FakeSlurm) -> None:
+    failed = {"reason": "infra", "decision": "requeue", "failed_host": "node9", "end": time.time() - 600}
+    past_attempts(tmp_path, {"attempt": "77.0x", **failed})
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    assert decision.exclude_hosts == ("node9",)
+
+
+@pytest.mark.parametrize("partition", [2, 0], ids=["no-spare-node", "sinfo-fails"])
+def test_exclusions_never_leave_fewer_nodes_than_the_job_needs(
+    tmp_path: Path, slurm: FakeSlurm, partition: int
+) -> None:
+    slurm.node_state, slurm.partition = "DOWN+NOT_RESPONDING", partition
+    decision = conclude(tmp_path, exit_code=1, results=(0,))
+    assert recorded(tmp_path)["failed_host"] == "node2"  # still named: a person reads it
+    assert decision.action is Action.REQUEUE and decision.exclude_hosts == ()
+
+
+def test_a_requeue_without_exclusions_clears_the_jobs_old_ones(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Requeued(Exception):
+        pass
+
+    def stop_waiting(_s: float) -> None:
+        raise Requeued
+
+    monkeypatch.setattr(time, "sleep", stop_waiting)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    monkeypatch.setattr(slurm_cli, "run", lambda argv: slurm.calls.append(argv) or "")
+    where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
+    with pytest.raises(Requeued):
+        requeue_mod.requeue(where, a_plan(tmp_path), Decision(Action.REQUEUE, conclude_mod.decide.Reason.INFRA, "x"))
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList="] in slurm.calls
