@@ -29,6 +29,8 @@ from tests.integration.conftest import (
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+STEP_FLOOR_PLUGIN = Path(__file__).resolve().parent / "step_floor_plugin.py"
+STEP_FLOOR_S = 0.25  # step_floor_plugin.STEP_FLOOR_S (importing it would import ms-swift here)
 
 
 def test_signal_mid_training_commits_requeues_and_ends_identical(tmp_path: Path, uninterrupted: bytes) -> None:
@@ -92,12 +94,17 @@ def test_real_preemption_by_a_higher_priority_job(tmp_path: Path, slurm_cluster:
 def test_run_longer_than_its_time_limit_finishes_over_several_attempts(tmp_path: Path, slurm_cluster: None) -> None:
     run_dir = tmp_path / "run"
     # SLURM may send the --signal up to 60 s earlier than asked: a 3 min limit with a 30 s lead leaves every
-    # attempt at least ~60 s of training after a ~20 s start-up.
-    job = submit(run_dir, "cluster.time=3", "cluster.signal_lead_s=30", "swift.max_steps=2500", "swift.save_steps=250")
+    # attempt at most 150 s of training. 1000 steps of at least 0.25 s each (the step_floor plugin, whatever
+    # the machine's speed) take at least 250 s: no single attempt can finish them.
+    steps, floor_s = 1000, STEP_FLOOR_S
+    assert steps * floor_s > 180
+    plugin = (f"swift.external_plugins=[{STEP_FLOOR_PLUGIN}]", "swift.callbacks=[step_floor]")
+    limits = ("cluster.time=3", "cluster.signal_lead_s=30")
+    job = submit(run_dir, *limits, f"swift.max_steps={steps}", "swift.save_steps=250", *plugin)
     assert wait_for_job(job, timeout_s=900) == "COMPLETED"
     reasons = [a["reason"] for a in attempts(run_dir)]
     assert reasons[0] == "timed_out" and reasons[-1] == "finished", reasons
-    assert (run_dir / "output" / "checkpoint-2500" / "adapter_model.safetensors").is_file()
+    assert (run_dir / "output" / f"checkpoint-{steps}" / "adapter_model.safetensors").is_file()
 
 
 def test_user_error_is_not_retried_and_says_why(tmp_path: Path, slurm_cluster: None) -> None:
