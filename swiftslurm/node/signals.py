@@ -44,9 +44,9 @@ class SignalLog:
                 signal.signal(sig, handler)
 
 
-def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
-    """Every live descendant of ``root``, whatever session or group it moved to (torchrun's workers)."""
-    children: dict[int, list[int]] = {}
+def parent_pids(proc: Path = Path("/proc")) -> dict[int, int]:
+    """pid -> parent pid of every live process (one pass over /proc)."""
+    found = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -54,8 +54,15 @@ def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:  # exited while we looked
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def descendants(root: int, proc: Path = Path("/proc"), parents: dict[int, int] | None = None) -> list[int]:
+    """Every live descendant of ``root``, whatever session or group it moved to (torchrun's workers)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in (parent_pids(proc) if parents is None else parents).items():
+        children.setdefault(ppid, []).append(pid)
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -82,16 +89,9 @@ def outermost_catchers(root: int, signum: int, proc: Path = Path("/proc")) -> li
     A process that catches it and was forked by another that does only inherited the handler (a data
     loader worker, an inference engine started by a training rank): it is not one of the processes the
     signal is meant for."""
-    parents = {pid: _parent(pid, proc) for pid in [root, *descendants(root, proc)]}
-    catching = {pid for pid in parents if catches(pid, signum, proc)}
-    return [pid for pid in catching if parents[pid] not in catching]
-
-
-def _parent(pid: int, proc: Path) -> int | None:
-    try:
-        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):  # exited while we looked
-        return None
+    parents = parent_pids(proc)
+    catching = {pid for pid in [root, *descendants(root, proc, parents)] if catches(pid, signum, proc)}
+    return [pid for pid in catching if parents.get(pid) not in catching]
 
 
 def send(pids: list[int], signum: int) -> None:

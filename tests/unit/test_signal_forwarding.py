@@ -11,7 +11,7 @@ import pytest
 
 from swiftslurm.node.engines.registry import ENGINES
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.signals import catches, descendants
+from swiftslurm.node.signals import catches, descendants, parent_pids
 
 # A stand-in for `swift` -> torchrun -> ranks: the parent ignores USR2 (inherited from the wrapper), one child
 # counts the USR2s it gets (a training worker with ms-swift's handler), one has USR2's default action again
@@ -112,7 +112,8 @@ def test_only_training_ranks_get_the_save_signal_never_what_they_started(tmp_pat
 
 
 def _children_of(pid: int, tree: list[int]) -> list[int]:
-    return [p for p in tree if int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid]
+    parents = parent_pids()
+    return [p for p in tree if parents.get(p) == pid]
 
 
 def _lines(path: Path) -> list[str]:
