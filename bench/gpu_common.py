@@ -129,6 +129,14 @@ def replace_arg(argv: Sequence[str], name: str, value: str) -> list[str]:
     return out
 
 
+_COMMITTED = re.compile(r"\[swiftslurm\] committed checkpoint-(\d+)")
+
+
+def committed_steps(log_text: str) -> list[int]:
+    """The steps the commit hook reported in a node log (a progress bar may precede the line, after a `\r`)."""
+    return [int(s) for s in _COMMITTED.findall(log_text)]
+
+
 def step_of(entry: Mapping[str, Any]) -> int:
     return int(str(entry["global_step/max_steps"]).split("/")[0])
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_common import (
     FakeJob,
+    committed_steps,
     final_summary,
     hosts_for,
     plan_run,
@@ -46,7 +47,6 @@ from gpu_common import (
 )
 
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
-_COMMITTED = re.compile(r"\[swiftslurm\] committed checkpoint-(\d+)")
 _NCCL_NET = re.compile(r"via NET/(\w+)")
 
 
@@ -222,7 +222,7 @@ def check(run_dir: Path, max_steps: int) -> dict[str, Any]:
     for attempt in logs.values():
         for node_log in sorted(attempt.glob("node*.log")):
             text = node_log.read_text(errors="replace")
-            committed += [int(s) for s in _COMMITTED.findall(text)]
+            committed += committed_steps(text)
             nets |= set(_NCCL_NET.findall(text))
     facts["committed_steps"] = sorted(set(committed))
     facts["nccl_net_transports"] = sorted(nets)

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import REPO, FakeJob, hosts_for, plain_swift_argv, plan_run, read_jsonl, spread
+from gpu_common import REPO, FakeJob, committed_steps, hosts_for, plain_swift_argv, plan_run, read_jsonl, spread
 
 from swiftslurm.node.engines.megatron import MegatronEngine
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
@@ -163,12 +163,7 @@ def check(run_dir: Path, iters: int, preempt: bool) -> dict[str, Any]:
     attempts = read_jsonl(run_dir / "attempts.jsonl")
     status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").is_file() else {}
     committed = sorted(
-        {
-            int(line.rsplit("-", 1)[1])
-            for log in run_dir.glob("logs/*/node*.log")
-            for line in log.read_text(errors="replace").splitlines()
-            if line.startswith("[swiftslurm] committed checkpoint-")
-        }
+        {step for log in run_dir.glob("logs/*/node*.log") for step in committed_steps(log.read_text(errors="replace"))}
     )
     found: dict[str, Any] = {
         "status": status.get("state"),
