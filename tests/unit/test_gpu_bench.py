@@ -157,5 +157,6 @@ def test_direct_costs_are_read_from_the_lines_swiftslurm_logs() -> None:
 
 
 def test_commits_are_found_after_a_progress_bar_on_the_same_line() -> None:
-    text = "Train:  60%|██████    | 18/30 [00:24<00:07][swiftslurm] committed checkpoint-10\n[swiftslurm] committed checkpoint-20\n"
+    bar = "Train:  60%|██████    | 18/30 [00:24<00:07]"
+    text = f"{bar}[swiftslurm] committed checkpoint-10\n[swiftslurm] committed checkpoint-20\n"
     assert gpu_common.committed_steps(text) == [10, 20]
