@@ -18,7 +18,7 @@ from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.progress import tail
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.signals import SAVE_SIGNAL
-from swiftslurm.node.slurm_env import SlurmEnv, expand_hostlist
+from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
 from swiftslurm.node.watch import Observed, node_log_path
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, node_log, preflight_report, resume_file
@@ -216,7 +216,7 @@ def _spare_nodes(plan: JobPlan) -> int:
     """Nodes of the partition beyond those the job needs and those the cluster config excludes already: how
     many hosts may be excluded without making the job unschedulable (0 when SLURM cannot say)."""
     partition = plan.slurm.partition if plan.slurm else None
-    configured = expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+    configured = configured_exclusions(plan)
     try:
         size = slurm_cli.partition_size(partition)
     except SwiftSlurmError:

@@ -10,7 +10,7 @@ from typing import NoReturn
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide
-from swiftslurm.node.slurm_env import SlurmEnv, expand_hostlist
+from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
 from swiftslurm.plan import JobPlan
 
 
@@ -50,5 +50,5 @@ def _updates(plan: JobPlan, decision: decide.Decision) -> list[str]:
 
 def _excluded(plan: JobPlan, decision: decide.Decision) -> list[str]:
     """The job's whole exclusion list (ExcNodeList replaces it): the cluster config's and the decision's."""
-    configured = expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+    configured = configured_exclusions(plan)
     return sorted({*configured, *decision.exclude_hosts})

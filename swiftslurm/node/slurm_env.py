@@ -63,6 +63,11 @@ class SlurmEnv:
         return cls(job_id=env.get("SUBMITIT_LOCAL_JOB_ID"), hosts=(), node_id=0, num_nodes=1, proc_id=0, num_tasks=1)
 
 
+def configured_exclusions(plan: JobPlan) -> list[str]:
+    """The hosts the cluster config excludes (`cluster.exclude`), expanded."""
+    return expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+
+
 def master_port(job_id: str | None, base: int) -> int:
     """Derived from the job id so two jobs sharing a node (or a requeue) do not collide or drift."""
     number = int("".join(c for c in (job_id or "0") if c.isdigit()) or 0)
