@@ -28,8 +28,10 @@ export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # This workplace's rule for shared GPU hosts: no NVLink multicast.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-assets=/tmp/gpu-assets
-python3 -m swiftslurm.tiny --preset qwen3-0.5b --cache-dir "$assets" || exit 1
+# ASSETS_PRESET=qwen3-1.6b: the 1.6B model of the save-budget run (pass MATRIX_ARGS="--params-b 1.61").
+preset=${ASSETS_PRESET:-qwen3-0.5b}
+assets=/tmp/gpu-assets-$preset
+python3 -m swiftslurm.tiny --preset "$preset" --cache-dir "$assets" || exit 1
 common=(--assets "$assets" --out "$out" --override "cluster.python=$site/bin/python")
 # Checkpoints are GBs: keep them off a RAM-backed /tmp.
 runs=/tmp

@@ -46,7 +46,10 @@ from gpu_common import (
     step_of,
 )
 
+from swiftslurm.node.ckpt.checkpoint import newest_checkpoint
+
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
+_STOP_SAVE = re.compile(r"\[swiftslurm\] stop signal: saving step (\d+)")
 _NCCL_NET = re.compile(r"via NET/(\w+)")
 
 
@@ -111,7 +114,8 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
         return ["model=tiny", "swift.dataloader_num_workers=0"]
     assets = Path(args.assets)
     return [
-        "model=qwen3-0.5b-random",
+        "model=qwen3-0.5b-random",  # the preset's shape comes from the assets' config.json
+        f"model.params_b={args.params_b}",
         f"model.id={assets / 'model'}",
         f"dataset=['{assets / 'data' / 'train.jsonl'}#{samples}']",
     ]
@@ -183,6 +187,8 @@ def run_case(args: argparse.Namespace, case: Case, index: int) -> dict[str, Any]
                     job.signal(signal.SIGUSR2)  # SLURM: `--signal=USR2@N` or `scancel --signal=USR2`
                     result["usr2_at"] = time.time() - started
                     signalled = True
+            if signalled and "signal_to_commit_s" not in result and job.restart_count == 0:
+                _note_stop_commit(result, run_dir, started)
             if job.requeued():
                 job.end_for_requeue()
                 result["requeued_at"] = time.time() - started
@@ -204,6 +210,27 @@ def run_case(args: argparse.Namespace, case: Case, index: int) -> dict[str, Any]
         shutil.rmtree(run_dir / "output", ignore_errors=True)  # checkpoints are GBs; logs stay
     print(f"[matrix] {case.name}: {'ok' if result['ok'] else 'FAILED'} {result.get('why', '')}", flush=True)
     return result
+
+
+def _note_stop_commit(result: dict[str, Any], run_dir: Path, started: float) -> None:
+    """The save budget: how long from SLURM's signal to the commit of the stop step's checkpoint, and its size."""
+    log = _read(attempt_dirs(run_dir)[-1] / "node0.log")
+    stop = _STOP_SAVE.search(log)
+    if stop and int(stop.group(1)) in committed_steps(log):
+        result["signal_to_commit_s"] = round(time.time() - started - result["usr2_at"], 2)
+        result["checkpoint_gb"] = round(_newest_checkpoint_bytes(run_dir) / 1e9, 2)
+
+
+def _read(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _newest_checkpoint_bytes(run_dir: Path) -> int:
+    newest = newest_checkpoint(run_dir / "output")
+    return sum(p.stat().st_size for p in newest.rglob("*") if p.is_file()) if newest else 0
 
 
 def check(run_dir: Path, max_steps: int) -> dict[str, Any]:
@@ -302,6 +329,7 @@ def main() -> None:
     parser.add_argument("--case-timeout-s", type=float, default=480)
     parser.add_argument("--job-base", type=int, default=7000)
     parser.add_argument("--keep-runs", action="store_true")
+    parser.add_argument("--params-b", type=float, default=0.44, help="the assets' parameter count (billions)")
     parser.add_argument("--override", action="append", default=[], help="more overrides for every plan")
     args = parser.parse_args()
     table = CPU_CASES if args.cpu else GPU_CASES
@@ -327,6 +355,9 @@ def main() -> None:
             f"{r.get('final_step')!s:6s} {','.join(map(str, r.get('committed_steps', []))):17s} "
             f"{r['seconds']:7.1f}  {r.get('memory_gib')!s:11s}  {r.get('why') or r.get('error', '')[:300]}"
         )
+    for r in results:
+        if "signal_to_commit_s" in r:
+            print(f"save budget {r['case']}: signal -> committed {r['signal_to_commit_s']} s, {r['checkpoint_gb']} GB")
     for r in results:
         for report in r.get("preflight", []):
             print(f"\npreflight of {r['case']} ({report['attempt']}): {'passed' if report['ok'] else 'FAILED'}")

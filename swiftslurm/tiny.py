@@ -136,6 +136,24 @@ PRESETS: dict[str, Preset] = {
         num_conversations=4000,
         turns=(10, 30),
     ),
+    # Qwen3-1.7B's layer shapes with 32 layers instead of 28: 1.6B parameters without its vocabulary, the
+    # smallest model the save-budget benchmark takes for a real ZeRO-3 full fine-tune (issue: >= 1.5B).
+    "qwen3-1.6b": Preset(
+        "qwen3-1.6b-v1",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+        },
+        "bfloat16",
+        num_conversations=4000,
+        turns=(10, 30),
+    ),
 }
 
 # fmt: off
