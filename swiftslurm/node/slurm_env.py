@@ -91,7 +91,8 @@ def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
 def rank_env(where: SlurmEnv, plan: JobPlan) -> dict[str, str]:
     """The variables `swift`/`megatron` read to start torchrun on this node (none for one process)."""
     topo = plan.topology
-    if topo.nodes == 1 and topo.procs_per_node == 1 and not engine_for(plan.launcher).torchrun_for_one_process:
+    one_process = topo.nodes == 1 and topo.procs_per_node == 1
+    if one_process and not engine_for(plan.launcher).needs_torchrun_for_one_process(plan.swift_argv):
         return {}  # a single process: ms-swift runs without torchrun
     env = {"NPROC_PER_NODE": str(topo.procs_per_node)}
     if topo.nodes > 1 or where.in_slurm:

@@ -95,6 +95,15 @@ def test_single_process_run_sets_no_torchrun_variables() -> None:
     assert rank_env(SlurmEnv.local({}), plan_for()) == {}
 
 
+def test_single_process_deepspeed_run_is_started_by_torchrun() -> None:
+    # Without torchrun's variables DeepSpeed discovers ranks through MPI, which aborts on a SLURM node whose
+    # Open MPI has no PMI support (seen on an H200 node: ZeRO-3 on one GPU).
+    plan = plan_for("strategy=zero3", "cluster.nodes=1", "cluster.cpu_procs_per_node=1")
+    assert plan.topology.procs_per_node == 1 and "--deepspeed" in plan.swift_argv
+    env = rank_env(SlurmEnv.from_environ(srun_env(0, nodes=1, nodelist="gpu07")), plan)
+    assert env["NPROC_PER_NODE"] == "1" and "MASTER_PORT" in env
+
+
 def test_master_port_differs_between_jobs_and_stays_in_range() -> None:
     ports = {master_port(str(job), 10000) for job in range(1000, 1100)}
     assert len(ports) == 100

@@ -51,6 +51,10 @@ class Engine:
     managed_args: frozenset[str] = frozenset({"output_dir", "add_version"})
 
     # -- plan side ----------------------------------------------------------------------------------
+    def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
+        """Whether a single process must still be started by torchrun (for its rank variables)."""
+        return self.torchrun_for_one_process
+
     def default_args(self, seed: int) -> dict[str, Any]:
         """Arguments this engine runs with unless the configuration says otherwise."""
         return {}

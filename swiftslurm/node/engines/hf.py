@@ -28,6 +28,12 @@ class HfTrainerEngine(Engine):
         # data_seed: the data order after a resume is the one an uninterrupted run would have seen.
         return {"data_seed": seed}
 
+    def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
+        # Without torchrun's RANK/WORLD_SIZE/MASTER_ADDR, DeepSpeed's init_distributed looks for them through
+        # MPI (mpi_discovery): on a SLURM node with mpi4py and an Open MPI built without PMI, MPI_Init aborts
+        # the process (seen on an H200 node with ZeRO-3 on one GPU). torchrun with one process sets them.
+        return "--deepspeed" in swift_argv
+
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         return ("--resume_from_checkpoint", str(checkpoint))
 
