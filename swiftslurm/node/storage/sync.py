@@ -102,7 +102,8 @@ class NodeSync:
         if self.keep_local <= 0:
             return
         for gone in prune_committed(self.output_dir, self.keep_local, only=self.uploader.settled()):
-            log.info(f"[swiftslurm] pruned {gone.name} locally, it is uploaded (keep_checkpoints={self.keep_local})")
+            why = f"the store has it, or a newer one (keep_checkpoints={self.keep_local})"
+            log.info(f"[swiftslurm] pruned {gone.name} locally: {why}")
 
     def state(self) -> dict[str, Any]:
         failures = self.uploader.failures()
