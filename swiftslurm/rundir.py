@@ -13,9 +13,11 @@
       sync.json          object storage: what is uploaded, what failed
       uploads.jsonl      a line per upload, by node/storage/uploader.py (when, how long, how much)
       logs/slurm-%j.out  SLURM's output of the batch script
-      logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json
+      logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json,
+                         leader.json (node 0's heartbeat until resume.json is written)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
+                         .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
                          (a checkpoint's manifest is named by node/ckpt/checkpoint.py, with the commit format)
       submitit/          submitit's own files
 
@@ -43,10 +45,12 @@ UPLOAD_HISTORY = "uploads.jsonl"
 LOGS = "logs"
 SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
 RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
+LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
 PREFLIGHT = "preflight"
 PREFLIGHT_REPORT = "report.json"
 OUTPUT = "output"
 QUARANTINE = "quarantine"  # in output/: checkpoints set aside (uncommitted, or newer than the resume point)
+DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,9 @@ class FaultProxy:
         upstream_host, port = upstream_url.split("//", 1)[-1].rstrip("/").rsplit(":", 1)
         self.upstream = (upstream_host, int(port))
         self.faults = faults
+        # Requests whose first bytes this matches get 503 Slow Down (set and cleared while running): holds back
+        # uploads or downloads for as long as a test needs, whatever the machine's speed.
+        self.refuse: Callable[[bytes], bool] | None = None
         self.injected: Counter[str] = Counter()
         self._rng = random.Random(faults.seed)
         self._burst_left = 0
@@ -314,6 +317,8 @@ class FaultProxy:
     def _decide(self, link: _Link, head: bytes) -> str:
         """The fate of the request that starts with ``head``: ok, reset, stall or 503."""
         f = self.faults
+        if (refuse := self.refuse) is not None and refuse(head):
+            return "503"
         with self._lock:
             if self._burst_left > 0 or self._rng.random() < f.error_rate:
                 self._burst_left = (self._burst_left or f.error_burst) - 1

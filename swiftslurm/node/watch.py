@@ -47,8 +47,14 @@ def trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path) -> dict[str, str]
         **dict(plan.env),
         **rank_env(where, plan),
         "SWIFTSLURM_RUN_DIR": str(run_dir),
-        "SWIFTSLURM_KEEP_CHECKPOINTS": str(plan.keep_checkpoints),
+        "SWIFTSLURM_KEEP_CHECKPOINTS": str(trainer_keep(plan)),
     }
+
+
+def trainer_keep(plan: JobPlan) -> int:
+    """`keep_checkpoints` as the trainer's commit hook applies it. With object storage the leader's NodeSync
+    owns local retention, since only it knows what is uploaded: the trainer then prunes nothing."""
+    return 0 if plan.storage is not None else plan.keep_checkpoints
 
 
 def train(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +19,12 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, problems, read_manifest
+from swiftslurm.node.heartbeat import read_beat
 from swiftslurm.node.storage.store import CheckpointStore
+from swiftslurm.node.storage.sync import restore
 from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
+from tests.integration.conftest import wait_until
 from tests.s3server import (
     FaultProxy,
     Faults,
@@ -107,3 +112,58 @@ def test_uploads_survive_resets_stalls_and_throttling(
     assert problems(restored, deep=True) == []
     assert read_manifest(restored) == read_manifest(tmp_path / "output" / f"checkpoint-{STEPS[-1]}")
     print(f"\n{len(STEPS)} checkpoints uploaded in {took:.1f} s, faults {dict(proxy.injected)} (seed {SEED})")
+
+
+RESTORE = """
+import sys
+from pathlib import Path
+from swiftslurm.node.heartbeat import LeaderBeat
+from swiftslurm.node.storage.sync import restore
+from swiftslurm.storage_spec import StorageSpec
+
+spec = StorageSpec(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3], region="us-east-1",
+                   addressing_style="path", max_attempts=10, timeout_s=4)
+with LeaderBeat(Path(sys.argv[5])).running() as beat:  # as node 0 does while it agrees on the resume point
+    restore(spec, Path(sys.argv[4]), beat)
+"""
+
+
+def is_ranged_get(head: bytes) -> bool:
+    """A download's request for a checkpoint file's bytes (the listing and the manifest are plain GETs)."""
+    return head.startswith(b"GET ") and b"\r\nrange:" in head.lower()
+
+
+def test_a_restore_killed_mid_download_leaves_staging_that_the_next_restore_removes(
+    s3_server: SeaweedServer, tmp_path: Path
+) -> None:
+    """Node 0 killed while it restores (SLURM's kill, an OOM) leaves `.checkpoint-N.download-*`; the next
+    attempt's restore deletes it before downloading. The download is held back by the proxy, so the kill lands
+    mid-download on any machine."""
+    spec = StorageSpec(
+        bucket=BUCKET,
+        prefix="runs/killed",
+        endpoint_url=s3_server.endpoint_url,
+        region="us-east-1",
+        addressing_style="path",
+    )
+    uploaded = write_checkpoint(tmp_path / "cluster-a", 100, random.Random(3))
+    CheckpointStore(spec).upload(uploaded)
+    output, beat = tmp_path / "cluster-b" / "output", tmp_path / "cluster-b" / "leader.json"
+    with FaultProxy(s3_server.endpoint_url, Faults(), host=s3_server.host, lifetime_s=300) as proxy:
+        proxy.refuse = is_ranged_get
+        argv = [sys.executable, "-c", RESTORE, BUCKET, spec.prefix, proxy.url, str(output), str(beat)]
+        leader = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(
+                lambda: "downloading checkpoint-100" in (read_beat(beat) or {}).get("doing", ""), 60, "the download"
+            )
+            staging = list(output.glob(".checkpoint-100.download-*"))
+            assert len(staging) == 1 and leader.poll() is None
+        finally:
+            leader.kill()
+            leader.wait()
+    assert staging[0].is_dir()  # what a killed restore leaves
+
+    restored = restore(spec, output)
+    assert restored == output / "checkpoint-100" and sorted(p.name for p in output.iterdir()) == ["checkpoint-100"]
+    assert problems(restored, deep=True) == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # scripts/slurm-local.sh's bridge
 BUCKET = "swiftslurm-runs"
 # Small checkpoints make ~10 requests each: a high rate still lets every upload through within its retries.
+NODE0_LOGS = "logs/*/node0.log"
 FLAKY = Faults(reset_rate=0.15, stall_rate=0.03, stall_s=3.0, error_rate=0.03, error_burst=3, seed=11)
 
 
@@ -170,3 +172,48 @@ def test_a_new_cluster_restores_from_the_store_and_ends_identical(
     assert attempt["resumed_from"] == str(second / "output" / f"checkpoint-{saved}")
     assert (second / ADAPTER).read_bytes() == uninterrupted
     assert store.committed_steps()[-1] == 120
+
+
+def is_upload(head: bytes) -> bool:
+    """A request that writes to the store: a part, a whole object, the start or end of a multipart upload."""
+    return head.startswith((b"PUT ", b"POST "))
+
+
+def committed_in_log(run_dir: Path, step: int) -> bool:
+    """Whether node 0's trainer has committed checkpoint-N (it says so in its log, even if it is pruned later)."""
+    return any(f"committed checkpoint-{step}" in log.read_text(errors="replace") for log in run_dir.glob(NODE0_LOGS))
+
+
+def committed_steps(output: Path) -> list[int]:
+    return [step for step, path in checkpoint_dirs(output) if is_committed(path)]
+
+
+def test_keep_checkpoints_1_with_uploads_slower_than_saves_prunes_nothing_pending_and_uploads_the_newest(
+    tmp_path: Path, s3_server: SeaweedServer
+) -> None:
+    """The store takes no upload until three checkpoints are committed (the proxy refuses every write): uploads
+    slower than saves, on any machine. Before, the trainer pruned each pending checkpoint at the next commit
+    and the uploader dropped it, so the store got nothing until the end."""
+    run_dir = tmp_path / "run"
+    store = remote_store(s3_server, "held")
+    with FaultProxy(s3_server.endpoint_url, Faults(), host=BRIDGE, lifetime_s=1200) as proxy:
+        proxy.refuse = is_upload
+        overrides = ("swift.max_steps=60", "swift.save_steps=10", "keep_checkpoints=1", "storage.keep=1")
+        job = submit(run_dir, *storage_overrides(proxy.url, "held"), *overrides, "storage.max_attempts=2")
+        wait_until(lambda: committed_in_log(run_dir, 30), 600, "three commits")
+        held = committed_steps(run_dir / "output")
+        proxy.refuse = None
+        wait_until(lambda: squeue_state(job) == "", 600, "the run to end")
+    assert {10, 20, 30} <= set(held), f"pruned before they were uploaded: {held}"
+    [attempt] = attempts(run_dir)
+    assert attempt["reason"] == "finished"
+    assert store.committed_steps() == [60]
+    assert committed_steps(run_dir / "output") == [60]  # the others are uploaded, or superseded in the store
+    uploaded = [json.loads(line)["step"] for line in (run_dir / "uploads.jsonl").read_text().splitlines()]
+    # Once one is remote, older ones are superseded (storage.keep=1) and skipped. Which one goes first after the
+    # proxy opens depends on the uploader's back-off against the test's timing: the unit test pins the order.
+    assert uploaded == sorted(set(uploaded)) and uploaded[-1] == 60, uploaded
+    logs = [*run_dir.glob(NODE0_LOGS), *run_dir.glob("submitit/*_log.out")]  # the trainer's, the wrapper's
+    text = "".join(log.read_text(errors="replace") for log in logs)
+    assert "dropped" not in text and "pruned checkpoint-10 locally: the store has it" in text
+    assert not re.search(r"pruned checkpoint-\d+ \(keep_checkpoints", text)  # the trainer's retention is off

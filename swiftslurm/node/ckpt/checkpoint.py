@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,10 +200,11 @@ def prepare_resume(output_dir: Path, tag: str, move: bool) -> ResumePoint:
     return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected), complete)
 
 
-def prune_committed(output_dir: Path, keep: int) -> list[Path]:
-    """Delete committed checkpoints beyond the newest ``keep`` (at least 1: never the newest one)."""
+def prune_committed(output_dir: Path, keep: int, only: Collection[int] | None = None) -> list[Path]:
+    """Delete committed checkpoints beyond the newest ``keep`` (at least 1: never the newest one); with ``only``,
+    just those of these steps (the ones already in the object store)."""
     committed = [path for _, path in checkpoint_dirs(output_dir) if is_committed(path)]
-    doomed = committed[: -max(keep, 1)]
+    doomed = [path for path in committed[: -max(keep, 1)] if only is None or checkpoint_step(path) in only]
     for path in doomed:
         # The manifest goes first: a half-deleted folder must not look committed.
         (path / MANIFEST).unlink(missing_ok=True)

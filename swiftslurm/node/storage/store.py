@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 from swiftslurm.node.ckpt.checkpoint import (
     MANIFEST,
@@ -38,7 +38,7 @@ from swiftslurm.node.ckpt.checkpoint import (
 from swiftslurm.node.storage.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
 from swiftslurm.node.storage.parallel import Transfer
 from swiftslurm.node.storage.send import LocalFile, Send, SendOptions
-from swiftslurm.rundir import QUARANTINE
+from swiftslurm.rundir import DOWNLOAD_STAGING, QUARANTINE
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 log = logging.getLogger("swiftslurm.store")
@@ -54,6 +54,14 @@ _CREDENTIALS_HINT = (
     "the environment, AWS_PROFILE (~/.aws/credentials), or an instance role. Check they are set where this runs "
     "and may read and write the bucket."
 )
+
+
+class TransferReport(Protocol):
+    """Who follows a long transfer (node 0's heartbeat while it restores: swiftslurm.node.heartbeat)."""
+
+    def started(self, what: str, total: int) -> None: ...
+
+    def moved(self, count: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -157,19 +165,29 @@ def _well_formed(manifest: Any, step: int) -> bool:
 
 
 @contextmanager
-def _progress(label: str, total: int) -> Iterator[Callable[[int], None] | None]:
-    """A tqdm bar's `update` when someone is watching (stderr is a terminal) and tqdm is installed; else None."""
+def _progress(label: str, total: int, report: TransferReport | None = None) -> Iterator[Callable[[int], None] | None]:
+    """What a transfer calls with each count of bytes: ``report`` (when given), and a tqdm bar's `update` when
+    someone is watching (stderr is a terminal) and tqdm is installed; None when neither."""
+    if report is not None:
+        report.started(label, total)
+    also = report.moved if report is not None else None
     if not sys.stderr.isatty():
-        yield None
+        yield also
         return
     try:
         from tqdm import tqdm
     except ImportError:
-        yield None
+        yield also
         return
     bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+
+    def update(count: int) -> None:
+        bar.update(count)
+        if also is not None:
+            also(count)
+
     try:
-        yield bar.update
+        yield update
     finally:
         bar.close()
 
@@ -377,9 +395,10 @@ class CheckpointStore:
 
     # -- download ------------------------------------------------------------------------------------------
 
-    def download(self, step: int, output_dir: Path) -> Path:
+    def download(self, step: int, output_dir: Path, report: TransferReport | None = None) -> Path:
         """Fetch remote checkpoint-N into ``output_dir``: into a temp folder, verified (sizes, SHA-256), the
-        manifest written last, then renamed to `checkpoint-N`. On any failure nothing is left behind."""
+        manifest written last, then renamed to `checkpoint-N`. On any failure nothing is left behind; a killed
+        process leaves its temp folder, which `remove_stale_downloads` deletes before the next restore."""
         started = time.monotonic()
         manifest = self.manifest(step)
         if manifest is None:
@@ -389,9 +408,9 @@ class CheckpointStore:
         target = output_dir / f"checkpoint-{step}"
         self._clear_the_way(target)
         output_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=output_dir, prefix=f".{target.name}.download-"))
+        staging = Path(tempfile.mkdtemp(dir=output_dir, prefix=DOWNLOAD_STAGING.format(checkpoint=target.name)))
         try:
-            self._fetch(step, manifest["files"], staging)
+            self._fetch(step, manifest["files"], staging, report)
             write_json_atomic(staging / MANIFEST, manifest)
             os.rename(staging, target)
         except BaseException:
@@ -415,7 +434,9 @@ class CheckpointStore:
             os.replace(target, aside)
             log.warning(f"[swiftslurm] moved uncommitted {target.name} to {aside} before downloading it")
 
-    def _fetch(self, step: int, entries: list[dict[str, Any]], staging: Path) -> None:
+    def _fetch(
+        self, step: int, entries: list[dict[str, Any]], staging: Path, report: TransferReport | None = None
+    ) -> None:
         """Download the manifest's files into ``staging`` (swiftslurm.node.storage.fetch: ranged, parallel, retried),
         each verified (size, SHA-256) and fsynced, and the folders with them. Raises on the first failure."""
         paths = [staging / _safe_path(entry["path"]) for entry in entries]
@@ -426,7 +447,8 @@ class CheckpointStore:
             RemoteFile(item["Key"], path, entry["size"], entry["sha256"], item.get("ETag"))
             for entry, path, item in zip(entries, paths, listed, strict=True)
         ]
-        with _progress(f"download checkpoint-{step}", sum(e["size"] for e in entries)) as progress:
+        label = f"downloading checkpoint-{step} from {self.spec.url}"
+        with _progress(label, sum(e["size"] for e in entries), report) as progress:
             fetch = Fetch(self.client, self.spec.bucket, files, self._fetch_options(), progress)
             try:
                 self._run(fetch, f"downloading checkpoint-{step} from {self.spec.url}")
@@ -494,11 +516,23 @@ def newest_remote_step(store: CheckpointStore) -> int | None:
     return steps[-1] if steps else None
 
 
-def restore_if_newer(store: CheckpointStore, output_dir: Path, local_step: int) -> Path | None:
+def remove_stale_downloads(output_dir: Path) -> list[Path]:
+    """Delete the temp folders of downloads whose process was killed (a download that fails removes its own).
+    Call only where no download can be running: node 0 before its restore (one leader restores at a time)."""
+    stale = sorted(output_dir.glob(DOWNLOAD_STAGING.format(checkpoint="checkpoint-*") + "*"))
+    for folder in stale:
+        log.warning(f"[swiftslurm] removing {folder}: a download cut short by a killed attempt")
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
+
+
+def restore_if_newer(
+    store: CheckpointStore, output_dir: Path, local_step: int, report: TransferReport | None = None
+) -> Path | None:
     """Download the newest remote checkpoint when it is newer than ``local_step`` (the newest committed local
     one; 0 when there is none). Returns its local path, or None when the node is already up to date."""
     remote = newest_remote_step(store)
     if remote is None or remote <= local_step:
         return None
     log.info(f"[swiftslurm] {store.spec.url} has checkpoint-{remote}, newer than local step {local_step}")
-    return store.download(remote, output_dir)
+    return store.download(remote, output_dir, report)

@@ -4,6 +4,10 @@ The run directory is shared by every node (plan.json and the resume point must b
 callback's manifest lists every file of a checkpoint, so node 0 sees each committed checkpoint whole and
 uploads it alone; the other nodes take no part. What is remote, pending and failing is written to
 <run_dir>/sync.json for `status` and for people; when each upload ran, to <run_dir>/uploads.jsonl.
+
+With object storage, local retention (`keep_checkpoints`) is applied here rather than by the trainer: a
+checkpoint is deleted locally only once the store no longer needs it (uploaded, or superseded by a newer
+upload), so a checkpoint waiting for its upload is never pruned, whatever the speed of saves and uploads.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from swiftslurm.node.ckpt.checkpoint import (
     checkpoint_step,
     is_committed,
     newest_committed,
+    prune_committed,
     write_json_atomic,
 )
-from swiftslurm.node.storage.store import CheckpointStore, restore_if_newer
+from swiftslurm.node.storage.store import CheckpointStore, TransferReport, remove_stale_downloads, restore_if_newer
 from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.rundir import SYNC_STATE, UPLOAD_HISTORY
 from swiftslurm.storage_spec import StorageSpec
@@ -30,20 +35,31 @@ SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkp
 LAST_FAILURES = 5  # failures kept in sync.json
 
 
-def restore(spec: StorageSpec, output_dir: Path) -> Path | None:
-    """Before training: fetch the newest remote checkpoint if it is newer than every committed local one
-    (a wiped scratch disk, a new cluster). Returns what was downloaded, or None."""
+def restore(spec: StorageSpec, output_dir: Path, report: TransferReport | None = None) -> Path | None:
+    """Before training (node 0): remove what a killed restore left, then fetch the newest remote checkpoint if
+    it is newer than every committed local one (a wiped scratch disk, a new cluster). Returns what was
+    downloaded, or None. ``report`` follows the download (node 0's heartbeat)."""
+    remove_stale_downloads(output_dir)
     local, _ = newest_committed(output_dir)
     local_step = (checkpoint_step(local) or 0) if local else 0
-    return restore_if_newer(CheckpointStore(spec), output_dir, local_step)
+    return restore_if_newer(CheckpointStore(spec), output_dir, local_step, report)
 
 
 class NodeSync:
     """One attempt's uploads: `poll` during training submits newly committed checkpoints to a background
-    Uploader (also those an earlier attempt left behind); `drain` waits for them, bounded, at the end."""
+    Uploader (also those an earlier attempt left behind) and prunes the uploaded ones beyond the newest
+    ``keep_local`` (0 keeps all); `drain` waits for them, bounded, at the end."""
 
-    def __init__(self, spec: StorageSpec, run_dir: Path, output_dir: Path, store: CheckpointStore | None = None):
+    def __init__(
+        self,
+        spec: StorageSpec,
+        run_dir: Path,
+        output_dir: Path,
+        store: CheckpointStore | None = None,
+        keep_local: int = 0,
+    ):
         self.spec = spec
+        self.keep_local = keep_local
         self.state_path = run_dir / SYNC_STATE
         self.output_dir = output_dir
         self.uploader = Uploader(
@@ -62,12 +78,14 @@ class NodeSync:
             if step not in self._submitted and is_committed(path):
                 self.uploader.submit(path)
                 self._submitted.add(step)
+        self._prune_local()
         self._write_state()
 
     def drain(self, timeout_s: float) -> list[int]:
         """Submit the last commits, wait up to ``timeout_s`` for every upload, stop; return the steps not uploaded."""
         self.poll(float("inf"))
         left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0))]
+        self._prune_local()
         state = self._write_state()
         if left:
             log.warning(
@@ -77,6 +95,15 @@ class NodeSync:
         else:
             log.info(f"[swiftslurm] every committed checkpoint is in {self.spec.url}: {state['remote']}")
         return left
+
+    def _prune_local(self) -> None:
+        """Beyond the newest ``keep_local`` committed checkpoints, delete those the store has (or has a newer
+        one instead of); keep every one still pending, and any not submitted yet."""
+        if self.keep_local <= 0:
+            return
+        for gone in prune_committed(self.output_dir, self.keep_local, only=self.uploader.settled()):
+            why = f"the store has it, or a newer one (keep_checkpoints={self.keep_local})"
+            log.info(f"[swiftslurm] pruned {gone.name} locally: {why}")
 
     def state(self) -> dict[str, Any]:
         failures = self.uploader.failures()

@@ -1,4 +1,4 @@
-"""Committed checkpoints go to the object store in the background, oldest first; training never waits.
+"""Committed checkpoints go to the object store in the background, newest first; training never waits.
 
 See swiftslurm.node.storage.store for the remote layout (a checkpoint is remote only once its manifest is).
 """
@@ -31,7 +31,9 @@ class _Pending:
 
 
 class Uploader:
-    """Uploads committed checkpoints in one background thread, one at a time, oldest first; training never waits.
+    """Uploads committed checkpoints in one background thread, one at a time, newest first; training never waits.
+    Newest first, so that with uploads slower than saves the store still gets the newest commit; an older one
+    that remote retention would delete at once is skipped (`_outranked`).
 
     A failed upload is logged and stays pending for a retry with back-off. After each upload the remote
     retention (`keep`) is applied, and a line is appended to ``history`` (JSON: step, started (Unix time),
@@ -49,6 +51,7 @@ class Uploader:
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
         self._remote: list[int] = []  # steps now in the store: uploaded, or found there already
+        self._settled: set[int] = set()  # steps done with: in the store, or skipped as outranked
         self._draining = False
         self._stopping = False
         self._changed = threading.Condition()
@@ -74,6 +77,12 @@ class Uploader:
         """Steps of the submitted checkpoints that are in the store (uploaded now or earlier), oldest first."""
         with self._changed:
             return sorted(self._remote)
+
+    def settled(self) -> set[int]:
+        """Steps of the submitted checkpoints the store no longer needs from local disk: uploaded, found there
+        already, or skipped because `keep` newer ones are remote. What local retention may delete."""
+        with self._changed:
+            return set(self._settled)
 
     def failures(self) -> list[str]:
         """Every failed attempt so far, as logged."""
@@ -106,13 +115,13 @@ class Uploader:
             self._attempt(item)
 
     def _next_due(self) -> _Pending | None:
-        """The oldest pending checkpoint whose back-off is over (waiting for one), or None: time to stop."""
+        """The newest pending checkpoint whose back-off is over (waiting for one), or None: time to stop."""
         with self._changed:
             while not self._stopping:
                 now = time.monotonic()
                 due = [p for p in self._pending if p.not_before <= now]
                 if due:
-                    return min(due, key=lambda p: p.step)
+                    return max(due, key=lambda p: p.step)
                 soonest = min((p.not_before - now for p in self._pending), default=1.0)
                 self._changed.wait(timeout=min(max(soonest, 0.05), 1.0))
             return None
@@ -140,6 +149,7 @@ class Uploader:
             return
         with self._changed:
             self._pending.remove(item)
+            self._settled.add(item.step)
             if uploaded:
                 self._remote.append(item.step)
             self._changed.notify_all()

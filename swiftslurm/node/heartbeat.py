@@ -1,0 +1,116 @@
+"""Node 0's liveness while the other nodes wait for its resume point (swiftslurm.node.resume).
+
+Restoring a large checkpoint from object storage takes as long as it takes (~250 GB: well over 15 minutes),
+so the other nodes do not wait a fixed time. A small thread on node 0 rewrites logs/<attempt>/leader.json
+every BEAT_S with what it is doing and, while it downloads, the bytes so far. The others wait while that
+file is fresh and give up once it is STALE_S old (node 0 died, hangs, or lost the run dir), saying what
+node 0 was last doing. Staleness is judged from the time node 0 wrote into the file against the reader's
+clock: a cluster's clocks agree to well under a second, STALE_S is minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.node.ckpt.checkpoint import write_json_atomic
+
+log = logging.getLogger("swiftslurm.heartbeat")
+BEAT_S = 5.0  # how often node 0 rewrites its heartbeat
+STALE_S = 180.0  # a heartbeat this old means node 0 is gone; far above NFS attribute caching (~60 s at most)
+GiB = 1 << 30
+
+
+class LeaderBeat:
+    """Node 0's heartbeat file. `started`/`moved` follow a download (store.TransferReport); `doing` names
+    any other step. Thread-safe: the download's threads report their bytes concurrently."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._doing = "starting"
+        self._bytes = 0
+        self._total: int | None = None
+
+    def doing(self, what: str) -> None:
+        with self._lock:
+            self._doing, self._bytes, self._total = what, 0, None
+        self.write()
+
+    def started(self, what: str, total: int) -> None:
+        with self._lock:
+            self._doing, self._bytes, self._total = what, 0, total
+        self.write()
+
+    def moved(self, count: int) -> None:
+        with self._lock:
+            self._bytes += count
+
+    def write(self) -> None:
+        """Rewrite the file now (atomically: a reader sees the old beat or the new one)."""
+        with self._lock:
+            beat = {"doing": self._doing, "bytes": self._bytes, "total": self._total}
+        beat |= {"host": socket.gethostname(), "pid": os.getpid(), "updated": round(time.time(), 3)}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path, beat)
+        except OSError as err:  # a missed beat is tolerated (STALE_S is many beats); the next one tries again
+            log.warning(f"[swiftslurm] could not write the heartbeat {self.path}: {err}")
+
+    @contextmanager
+    def running(self) -> Iterator[LeaderBeat]:
+        """Beat every BEAT_S from a daemon thread while the block runs."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(BEAT_S):
+                self.write()
+
+        self.write()
+        thread = threading.Thread(target=beat, name="swiftslurm-leader-beat", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
+
+
+def read_beat(path: Path) -> dict[str, Any] | None:
+    """The heartbeat, or None when there is none (yet) or it cannot be read just now (being replaced)."""
+    try:
+        beat = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return beat if isinstance(beat, dict) and isinstance(beat.get("updated"), int | float) else None
+
+
+def describe(beat: dict[str, Any]) -> str:
+    """'downloading checkpoint-40 from s3://b/p/ (12.0 of 250.0 GiB)'."""
+    doing = str(beat.get("doing", "?"))
+    if beat.get("total"):
+        return f"{doing} ({beat.get('bytes', 0) / GiB:.1f} of {beat['total'] / GiB:.1f} GiB)"
+    return doing
+
+
+def leader_silence(path: Path, now: float, waiting_since: float) -> str | None:
+    """Why a node should stop waiting for node 0 (its heartbeat at ``path`` is STALE_S old, or has not
+    appeared STALE_S after this node began waiting at ``waiting_since``), or None while node 0 is alive."""
+    beat = read_beat(path)
+    if beat is None:
+        if now - waiting_since <= STALE_S:
+            return None
+        return f"node 0 has written no heartbeat ({path}) in the {now - waiting_since:.0f} s this node has waited"
+    age = now - float(beat["updated"])
+    if age <= STALE_S:
+        return None
+    where = f"{beat.get('host', '?')}, pid {beat.get('pid', '?')}"
+    return f"node 0 ({where}) stopped its heartbeat {age:.0f} s ago, while {describe(beat)}"
