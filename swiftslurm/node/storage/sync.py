@@ -30,12 +30,13 @@ SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkp
 LAST_FAILURES = 5  # failures kept in sync.json
 
 
-def restore(spec: StorageSpec, output_dir: Path) -> Path | None:
+def restore(spec: StorageSpec, output_dir: Path, identity: str | None = None) -> Path | None:
     """Before training: fetch the newest remote checkpoint if it is newer than every committed local one
-    (a wiped scratch disk, a new cluster). Returns what was downloaded, or None."""
+    (a wiped scratch disk, a new cluster), unless another plan than ``identity`` committed it (refused).
+    Returns what was downloaded, or None."""
     local, _ = newest_committed(output_dir)
     local_step = (checkpoint_step(local) or 0) if local else 0
-    return restore_if_newer(CheckpointStore(spec), output_dir, local_step)
+    return restore_if_newer(CheckpointStore(spec), output_dir, local_step, identity)
 
 
 class NodeSync:
