@@ -153,7 +153,10 @@ def _stopped(a: Attempt, why: str) -> Phase:
 
 def _agree_on_resume(a: Attempt) -> Phase:
     a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce)
-    a.sync = NodeSync(a.plan.storage, a.run_dir, a.plan.output_dir) if a.leader and a.plan.storage else None
+    leads = a.lease.holds if a.lease else None
+    a.sync = (
+        NodeSync(a.plan.storage, a.run_dir, a.plan.output_dir, leads=leads) if a.leader and a.plan.storage else None
+    )
     # A run whose newest commit is its last step is complete (killed or signalled after that commit):
     # starting the trainer again would train past the plan.
     return Phase.SKIP if a.resume.complete else Phase.TRAIN

@@ -145,12 +145,13 @@ def close_lost_attempt(
 def _still_running(open_attempt: dict[str, Any] | None, where: SlurmEnv, alive: Callable[[str], bool]) -> str | None:
     """Why the open attempt is not lost: SLURM still holds its job, another one than this (None: it is lost,
     or it is this job's, or there is none; outside SLURM nobody can be asked)."""
-    job = str((open_attempt or {}).get("job_id") or "")
+    opened = open_attempt or {}
+    job = str(opened.get("job_id") or "")
     if not where.in_slurm or not job or job == str(where.job_id) or not alive(job):
         return None
     return (
-        f"attempt {open_attempt.get('attempt') if open_attempt else '?'} of job {job} is still open and SLURM still "
-        f"holds job {job}: it is not lost, and this job stops. HINT: one job per run dir: wait for job {job}."
+        f"attempt {opened.get('attempt')} of job {job} is still open and SLURM still holds job {job}: it is not "
+        f"lost, and job {where.job_id} stops. HINT: one job per run dir: wait for job {job}, or `scancel {job}`."
     )
 
 

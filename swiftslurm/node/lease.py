@@ -51,6 +51,10 @@ class Lease:
     job: str
     token: int
 
+    def holds(self) -> bool:
+        """Whether the lease still carries this leader's token (for steps that skip rather than fail)."""
+        return holds(self.run_dir, self.token)
+
     def check(self, step: str) -> None:
         """Call before a destructive step: raise LeaseLost unless this leader still holds the lease; else
         refresh the heartbeat."""

@@ -459,3 +459,12 @@ def test_submission_refuses_a_prefix_that_holds_another_runs_checkpoints(
         check_storage(plan)
     message = str(refused.value)
     assert "aaaaaaaaaaaaaaaa" in message and plan.identity() in message and "storage.prefix=" in message
+
+
+def test_an_uploader_whose_job_lost_the_lease_prunes_nothing_remote(store: CheckpointStore, tmp_path: Path) -> None:
+    """Issue 14, item 4: remote retention is a destructive step too; only the run dir's leader applies it."""
+    uploader = Uploader(store, keep=1, leads=lambda: False)
+    for step in (10, 20, 30):
+        uploader.submit(make_checkpoint(tmp_path, step, small=1))
+    assert uploader.drain(timeout_s=60) == []
+    assert store.committed_steps() == [10, 20, 30]

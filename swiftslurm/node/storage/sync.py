@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,19 @@ class NodeSync:
     """One attempt's uploads: `poll` during training submits newly committed checkpoints to a background
     Uploader (also those an earlier attempt left behind); `drain` waits for them, bounded, at the end."""
 
-    def __init__(self, spec: StorageSpec, run_dir: Path, output_dir: Path, store: CheckpointStore | None = None):
+    def __init__(
+        self,
+        spec: StorageSpec,
+        run_dir: Path,
+        output_dir: Path,
+        store: CheckpointStore | None = None,
+        leads: Callable[[], bool] | None = None,
+    ):
         self.spec = spec
         self.state_path = run_dir / SYNC_STATE
         self.output_dir = output_dir
         self.uploader = Uploader(
-            store if store is not None else CheckpointStore(spec), history=run_dir / UPLOAD_HISTORY
+            store if store is not None else CheckpointStore(spec), history=run_dir / UPLOAD_HISTORY, leads=leads
         )
         self._submitted: set[int] = set()
         self._scanned_at = float("-inf")
