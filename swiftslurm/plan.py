@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from swiftslurm.config import Config
 
 PLAN_VERSION = 1
+IDENTITY_CHARS = 16  # hex digits of a plan's identity: enough to tell runs apart, short enough to read
 PORT_SPAN = 20000  # master ports are base + job id mod PORT_SPAN
 # DeepSpeed's ZeRO stages do not train over gloo (CPU) without it; a no-op where CUDA exists.
 DEEPSPEED_CPU_PATCH = Path(__file__).resolve().parent / "data" / "deepspeed_cpu_patch.py"
@@ -149,6 +150,24 @@ class JobPlan:
     @property
     def output_dir(self) -> Path:
         return rundir.output_dir(self.run_dir)
+
+    def identity_facts(self) -> dict[str, Any]:
+        """What determines the training result, so what a checkpoint can be resumed under. Left out: how it
+        is run (time limit, partition, storage, resilience budgets, environment) and where (the run dir, and
+        the output dir inside it, which would make every run dir a different identity)."""
+        return {
+            "launcher": self.launcher,
+            "command": self.command,
+            "swift_argv": engine_for(self.launcher).result_argv(self.swift_argv),
+            "topology": asdict(self.topology),
+            "parallel": asdict(self.parallel),
+            "batch": asdict(self.batch),
+        }
+
+    def identity(self) -> str:
+        """The plan's identity: a digest of ``identity_facts``, carried by every checkpoint's manifest."""
+        facts = json.dumps(self.identity_facts(), sort_keys=True)
+        return hashlib.sha256(facts.encode()).hexdigest()[:IDENTITY_CHARS]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"

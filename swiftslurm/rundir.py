@@ -9,6 +9,8 @@
       status.json        the leader's view of the run (state, the phase of its attempt), replaced atomically
       attempts.jsonl     one record per attempt, append-only
       attempt_open.json  the attempt in progress; left behind if it died without a record
+      lease.json         the leader's lease: which job leads the run, its fencing token, heartbeat
+      lease.lock         locked while lease.json is read and replaced
       cancelled.json     `swiftslurm cancel` was here
       sync.json          object storage: what is uploaded, what failed
       uploads.jsonl      a line per upload, by node/storage/uploader.py (when, how long, how much)
@@ -46,6 +48,8 @@ LOGS = "logs"
 SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
 RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
+LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (node/lease.py)
+LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
 PREFLIGHT = "preflight"
 PREFLIGHT_REPORT = "report.json"
 OUTPUT = "output"
@@ -94,6 +98,14 @@ def leader_logs(run_dir: Path | str) -> list[Path]:
 
 def node_result(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / NODE_RESULT.format(node=node)
+
+
+def lease_file(run_dir: Path) -> Path:
+    return run_dir / LEASE
+
+
+def lease_lock(run_dir: Path) -> Path:
+    return run_dir / LEASE_LOCK
 
 
 def resume_file(run_dir: Path, attempt: str) -> Path:

@@ -73,3 +73,22 @@ def partition_size(partition: str | None) -> int:
     if partition is None:
         partition = next((p.rstrip("*") for _, p in rows if p.endswith("*")), None)
     return len({node for node, p in rows if p.rstrip("*") == partition})
+
+
+def job_alive(job_id: str) -> bool:
+    """Whether SLURM still holds this job: running, ending, or waiting to run (again, after a requeue).
+    False once it has left the queue or SLURM never heard of it (job ids restart on a wiped cluster)."""
+    try:
+        out = run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    except SubmitError as err:
+        if "Invalid job id" in str(err):
+            return False
+        raise
+    return bool(out.split())
+
+
+def job_start(job_id: str) -> str:
+    """When SLURM started this job (its StartTime, as scontrol prints it): with the id, it names one run of
+    the job; a requeue starts it anew, and a wiped cluster that hands out the id again starts it later."""
+    fields = dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
+    return fields.get("StartTime", "Unknown")

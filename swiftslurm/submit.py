@@ -19,9 +19,6 @@ from swiftslurm.render import render_sbatch
 if TYPE_CHECKING:
     import submitit
 
-# Facts that define what a run trains; re-using a run dir with other values would mix two runs.
-IDENTITY_FIELDS = ("launcher", "command", "swift_argv", "topology", "parallel", "batch")
-
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same directory and rename: readers see the old or the new file."""
@@ -35,8 +32,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 def check_same_run(plan: JobPlan, existing: Path) -> None:
     """A run dir continues its own run only: refuse one planned with different training settings."""
-    old = JobPlan.load(existing)
-    changed = [name for name in IDENTITY_FIELDS if getattr(old, name) != getattr(plan, name)]
+    old, new = JobPlan.load(existing).identity_facts(), plan.identity_facts()
+    changed = [name for name in new if old.get(name) != new[name]]
     if changed:
         raise ConfigError(
             f"run_dir {plan.run_dir} holds a run planned with different {', '.join(changed)}; re-using it "
@@ -121,11 +118,17 @@ def check_cluster(plan: JobPlan) -> None:
 
 
 def check_storage(plan: JobPlan) -> None:
-    """The bucket exists and this shell's credentials reach it (the nodes get the same environment)."""
+    """The bucket exists and this shell's credentials reach it (the nodes get the same environment), and the
+    prefix holds no other run's checkpoints: the nodes would refuse to resume them, and remote retention
+    would count (and delete) them as this run's. The newest remote manifest speaks for the prefix."""
     if plan.storage is not None:
-        from swiftslurm.node.storage.store import CheckpointStore
+        from swiftslurm.node.ckpt.checkpoint import check_identity
+        from swiftslurm.node.storage.store import CheckpointStore, newest_remote_step
 
-        CheckpointStore(plan.storage).check_access()
+        store = CheckpointStore(plan.storage)
+        store.check_access()
+        if (step := newest_remote_step(store)) is not None:
+            check_identity(store.manifest(step), plan.identity(), store.key(step), error=ConfigError)
 
 
 def submit(plan: JobPlan) -> submitit.Job[Any]:

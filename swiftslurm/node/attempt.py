@@ -1,6 +1,7 @@
 """One node's attempt as an explicit state machine; each phase is a small function that returns the next.
 
-    PREPARE          allocation check, tiny assets; leader: close a lost attempt; preflight (first attempt)
+    PREPARE          allocation check, tiny assets; leader: take the run dir's lease (or stop: another job
+                     leads the run), close a lost attempt; preflight (first attempt)
     AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
     TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
                      (every node then writes its result; only the leader goes on)
@@ -9,7 +10,7 @@
     ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here
     DONE
 
-The leader records the phase it enters in status.json ("phase").
+The leader records the phase it enters in status.json ("phase"); a leader without the lease records nothing.
 Other nodes always end with exit code 0: with `srun --kill-on-bad-exit` a failing follower would kill the
 leader before it has decided.
 """
@@ -24,16 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from swiftslurm.node import decide, preflight, preflight_checks, records
+from swiftslurm.node import decide, lease, preflight, preflight_checks, records
 from swiftslurm.node.ckpt.checkpoint import ResumePoint
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
 from swiftslurm.node.requeue import requeue
-from swiftslurm.node.resume import agree_on_resume
+from swiftslurm.node.resume import agree_on_resume, publish_failure
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
 from swiftslurm.node.storage.sync import NodeSync
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir
+from swiftslurm.rundir import attempt_dir, resume_file
 from swiftslurm.tiny import build_tiny_assets
 
 KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time
@@ -82,6 +83,8 @@ class Attempt:
     observed: Observed | None = None
     decision: decide.Decision | None = None
     result: NodeResult | None = None
+    lease: lease.Lease | None = None  # leader: its lease on the run dir, checked before destructive steps
+    nonce: str | None = None  # this run of the SLURM job (lease.nonce), in resume.json
 
     @property
     def leader(self) -> bool:
@@ -90,7 +93,7 @@ class Attempt:
 
 def run(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult:
     """Step through the phases until the run is done, stopped, or requeued."""
-    attempt = Attempt(run_dir, plan, where, attempt_id(where))
+    attempt = Attempt(run_dir, plan, where, attempt_id(where), nonce=lease.nonce(where))
     while attempt.phase is not Phase.DONE:
         attempt.phase = PHASES[attempt.phase](attempt)
         _record_phase(attempt)
@@ -101,7 +104,8 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult:
 def _record_phase(a: Attempt) -> None:
     """status.json says which phase the leader's attempt has reached, so a reader sees where it is (the
     leader alone writes status.json; PREPARE is not recorded, it ends by writing the status afresh)."""
-    if a.leader:
+    if a.leader and a.lease is not None:
+        a.lease.check(f"record phase {a.phase.value}")  # also the heartbeat
         records.update_status(a.run_dir, phase=a.phase.value)
 
 
@@ -109,15 +113,29 @@ def _prepare(a: Attempt) -> Phase:
     check_allocation(a.where, a.plan)
     if a.plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
         build_tiny_assets(Path(a.plan.tiny_cache))
-    if a.leader and (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id)) is not None:
+    if a.leader and (why := _lead(a)) is not None:
+        return _stopped(a, why)
+    if a.leader and (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id, a.lease)) is not None:
         return _stopped(a, why)
     # Once per job, not after a requeue: every node must take the same branch, and SLURM's restart count is
     # the one fact they all share before the run dir is known to be shared.
     if a.plan.preflight.enabled and a.where.restart_count == 0:
         failure = _preflight(a.run_dir, a.where, a.id)
         if failure is not None and a.leader:
-            return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure))
+            return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure, a.nonce))
     return Phase.AGREE_ON_RESUME
+
+
+def _lead(a: Attempt) -> str | None:
+    """Take the run dir's lease, or say why this leader stops: another job leads the run. Then nothing of
+    the run is touched; only this attempt's own resume.json, so its other nodes stop waiting."""
+    taken = lease.acquire(a.run_dir, a.where, a.id)
+    if isinstance(taken, lease.Lease):
+        a.lease = taken
+        return None
+    print(f"[swiftslurm] {taken}", flush=True)
+    publish_failure(resume_file(a.run_dir, a.id), taken, a.nonce)
+    return taken
 
 
 def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
@@ -134,10 +152,16 @@ def _stopped(a: Attempt, why: str) -> Phase:
 
 
 def _agree_on_resume(a: Attempt) -> Phase:
-    a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader)
-    # With storage, local retention is NodeSync's (it knows what is uploaded), not the trainer's.
+    a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce)
+    # With storage, local retention is NodeSync's (it knows what is uploaded), not the trainer's; a leader
+    # that lost the run dir's lease neither uploads retention nor prunes (NodeSync asks `leads`).
     storage = a.plan.storage if a.leader else None
-    a.sync = NodeSync(storage, a.run_dir, a.plan.output_dir, keep_local=a.plan.keep_checkpoints) if storage else None
+    leads = a.lease.holds if a.lease else None
+    a.sync = (
+        NodeSync(storage, a.run_dir, a.plan.output_dir, keep_local=a.plan.keep_checkpoints, leads=leads)
+        if storage
+        else None
+    )
     # A run whose newest commit is its last step is complete (killed or signalled after that commit):
     # starting the trainer again would train past the plan.
     return Phase.SKIP if a.resume.complete else Phase.TRAIN
@@ -145,7 +169,8 @@ def _agree_on_resume(a: Attempt) -> Phase:
 
 def _train(a: Attempt) -> Phase:
     assert a.resume is not None
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync)
+    token = a.lease.token if a.lease else None
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, token)
     return _trained(a, a.resume, a.observed)
 
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide, records
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.node.engines.registry import engine_for
+from swiftslurm.node.lease import Lease, job_alive
 from swiftslurm.node.progress import tail
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.signals import SAVE_SIGNAL
@@ -97,9 +100,23 @@ def read_end_time(where: SlurmEnv) -> tuple[float | None, str | None]:
     return None, f"the time limit could not be read after {END_TIME_TRIES} tries: {error}"
 
 
-def close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv, attempt: str) -> str | None:
+def close_lost_attempt(
+    run_dir: Path,
+    plan: JobPlan,
+    where: SlurmEnv,
+    attempt: str,
+    held: Lease | None = None,
+    alive: Callable[[str], bool] = job_alive,
+) -> str | None:
     """Record an attempt that ended without a record (its node died, or SLURM killed everything), and
-    say why the run stops here if the budget says so (None: go on). Marks this attempt as open."""
+    say why the run stops here if the budget says so (None: go on). Marks this attempt as open.
+
+    Only the lease's holder does this (``held`` is checked first), and an open attempt of another job is
+    lost only once SLURM no longer holds that job: one that still runs stops this leader instead."""
+    if held is not None:
+        held.check("close a lost attempt")
+    if (running := _still_running(records.read_open_attempt(run_dir), where, alive)) is not None:
+        return running
     lost = records.open_attempt(run_dir, {"attempt": attempt, "job_id": where.job_id, "start": time.time()})
     records.write_status(run_dir, "running", job_id=where.job_id, attempt=attempt)
     if lost is None:
@@ -125,7 +142,20 @@ def close_lost_attempt(run_dir: Path, plan: JobPlan, where: SlurmEnv, attempt: s
     return decision.why
 
 
-def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: str) -> str:
+def _still_running(open_attempt: dict[str, Any] | None, where: SlurmEnv, alive: Callable[[str], bool]) -> str | None:
+    """Why the open attempt is not lost: SLURM still holds its job, another one than this (None: it is lost,
+    or it is this job's, or there is none; outside SLURM nobody can be asked)."""
+    opened = open_attempt or {}
+    job = str(opened.get("job_id") or "")
+    if not where.in_slurm or not job or job == str(where.job_id) or not alive(job):
+        return None
+    return (
+        f"attempt {opened.get('attempt')} of job {job} is still open and SLURM still holds job {job}: it is not "
+        f"lost, and job {where.job_id} stops. HINT: one job per run dir: wait for job {job}, or `scancel {job}`."
+    )
+
+
+def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: str, nonce: str | None = None) -> str:
     """Record the failed preflight as this attempt (no training ran, no requeue) and tell the other nodes.
     Returns why the run stops."""
     why = f"preflight failed: {failure} (report: {preflight_report(run_dir, attempt)})"
@@ -136,7 +166,7 @@ def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: 
     record |= {"start": now, "end": now, "preflight": "failed", "progressed": False, "reason": reason}
     records.append_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
     records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
-    publish_failure(resume_file(run_dir, attempt), why)  # the others stop waiting
+    publish_failure(resume_file(run_dir, attempt), why, nonce)  # the others stop waiting
     print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)
     return why
 

@@ -105,9 +105,12 @@ def leader_silence(path: Path, now: float, waiting_since: float) -> str | None:
     """Why a node should stop waiting for node 0 (its heartbeat at ``path`` is STALE_S old, or has not
     appeared STALE_S after this node began waiting at ``waiting_since``), or None while node 0 is alive."""
     beat = read_beat(path)
+    # A beat from before this wait began may be an earlier job's (job ids repeat on a new cluster): like no
+    # beat at all, it gives node 0 STALE_S from the start of the wait to beat.
+    earlier = beat is not None and float(beat["updated"]) < waiting_since - 2 * BEAT_S
+    if (beat is None or earlier) and now - waiting_since <= STALE_S:
+        return None
     if beat is None:
-        if now - waiting_since <= STALE_S:
-            return None
         return f"node 0 has written no heartbeat ({path}) in the {now - waiting_since:.0f} s this node has waited"
     age = now - float(beat["updated"])
     if age <= STALE_S:

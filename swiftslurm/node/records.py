@@ -52,6 +52,15 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_open_attempt(run_dir: Path) -> dict[str, Any] | None:
+    """The attempt marked open (attempt_open.json), or None."""
+    try:
+        data = json.loads((run_dir / OPEN_ATTEMPT).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def open_attempt(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     """Mark an attempt as started; return the previous open one if it never wrote its record."""
     path = run_dir / OPEN_ATTEMPT

@@ -14,6 +14,7 @@ from pathlib import Path
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, newest_committed, read_manifest
 from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.launch import Trainer
+from swiftslurm.node.lease import TOKEN_ENV
 from swiftslurm.node.progress import ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
@@ -41,13 +42,15 @@ def node_log_path(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
     return node_log(attempt_dir(run_dir, attempt), where.node_id)
 
 
-def trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path) -> dict[str, str]:
+def trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path, lease_token: int | None = None) -> dict[str, str]:
     return {
         **os.environ,
         **dict(plan.env),
         **rank_env(where, plan),
         "SWIFTSLURM_RUN_DIR": str(run_dir),
         "SWIFTSLURM_KEEP_CHECKPOINTS": str(trainer_keep(plan)),
+        "SWIFTSLURM_PLAN_IDENTITY": plan.identity(),
+        **({TOKEN_ENV: str(lease_token)} if lease_token is not None else {}),
     }
 
 
@@ -58,7 +61,13 @@ def trainer_keep(plan: JobPlan) -> int:
 
 
 def train(
-    plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, sync: NodeSync | None
+    plan: JobPlan,
+    where: SlurmEnv,
+    run_dir: Path,
+    attempt: str,
+    resume: ResumePoint,
+    sync: NodeSync | None,
+    lease_token: int | None = None,
 ) -> Observed:
     """Run ms-swift once; forward stop signals to its workers; the leader kills it if it hangs and hands
     each newly committed checkpoint to the background uploader."""
@@ -69,7 +78,9 @@ def train(
     cpu_before = _own_cpu_s()
     watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
     with SignalLog().installed() as signals:
-        trainer = Trainer(swift_command(plan, extra), trainer_env(plan, where, run_dir), log_path, cwd=run_dir)
+        trainer = Trainer(
+            swift_command(plan, extra), trainer_env(plan, where, run_dir, lease_token), log_path, cwd=run_dir
+        )
         watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync)
         code = watcher.until_exit()
         # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).

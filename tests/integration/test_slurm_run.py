@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.node.ckpt.checkpoint import MANIFEST
 from tests.conftest import REPO
-from tests.integration.conftest import swiftslurm, wait_for_job
+from tests.integration.conftest import (
+    TERMINAL,
+    attempts,
+    job_state,
+    status,
+    swiftslurm,
+    wait_for_job,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 NOT_DISTRIBUTED = "parallel_mode != ParallelMode.DISTRIBUTED"
@@ -83,3 +92,60 @@ def test_sbatch_template_runs_a_prepared_run_dir(tmp_path: Path, slurm_cluster: 
     assert job.returncode == 0, job.stderr
     assert wait_for_job(job.stdout.strip().split(";")[0]) == "COMPLETED"
     assert_trained_data_parallel(run_dir)
+
+
+GATE_PLUGIN = Path(__file__).resolve().parent / "gate_plugin.py"
+GATE_FILE = "gate.open"  # gate_plugin.GATE_FILE (importing it would import ms-swift here)
+
+
+def sbatch(run_dir: Path) -> str:
+    job = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr
+    return job.stdout.strip().split(";")[0]
+
+
+def test_a_second_sbatch_of_one_run_dir_stops_without_touching_it_and_the_first_finishes(
+    tmp_path: Path, slurm_cluster: None
+) -> None:
+    """Issue 14, item 4: `sbatch RUN_DIR/job.sbatch` twice. The first job leads; it is held at step 15 (the gate
+    plugin) until the second has ended, so both run at once on any machine. The second leader stops with one
+    line, before any destructive step: no quarantine, no prune, no attempt of the first closed as lost."""
+    run_dir = tmp_path / "run"
+    plugin = (f"swift.external_plugins=[{GATE_PLUGIN}]", "swift.callbacks=[gate]")
+    one_node = ("+cluster=local-slurm", "cluster.nodes=1", "keep_checkpoints=2", "dry_run=true")
+    prepared = swiftslurm(*one_node, f"run_dir={run_dir}", *plugin, cwd=tmp_path)
+    assert prepared.returncode == 0, prepared.stderr
+    first = sbatch(run_dir)
+    jobs = [first]
+    try:
+        wait_until(lambda: (run_dir / "output" / "checkpoint-10" / MANIFEST).is_file(), 300, "checkpoint-10")
+        lease_before = json.loads((run_dir / "lease.json").read_text())
+        assert lease_before["job"] == first
+        output_before = sorted(p.name for p in (run_dir / "output").iterdir())
+        second = sbatch(run_dir)
+        jobs.append(second)
+        second_log = run_dir / "logs" / second / "node0.log"
+        wait_until(lambda: job_state(second) in TERMINAL or second_log.exists(), 600, f"job {second} to end")
+        assert not second_log.exists(), "the second leader started a trainer"
+        assert wait_for_job(second) == "FAILED"
+        stop_lines = [
+            line
+            for line in (run_dir / "logs" / f"slurm-{second}.out").read_text().splitlines()
+            if f"job {second} does not lead" in line
+        ]
+        assert len(stop_lines) == 1 and f"job {first} holds the lease" in stop_lines[0], stop_lines
+        assert json.loads((run_dir / "lease.json").read_text())["token"] == lease_before["token"]
+        assert not (run_dir / "output" / "quarantine").exists()
+        assert set(output_before) <= {p.name for p in (run_dir / "output").iterdir()}  # nothing pruned or moved
+        assert [r["job_id"] for r in attempts(run_dir)] == []  # the first's open attempt was not closed as lost
+        (run_dir / GATE_FILE).touch()
+        assert wait_for_job(first) == "COMPLETED"
+    finally:
+        for job in jobs:
+            subprocess.run(["scancel", job], check=False)
+    [record] = attempts(run_dir)
+    assert (record["job_id"], record["reason"], record["decision"]) == (first, "finished", "done"), record
+    assert status(run_dir)["state"] == "finished"
+    committed = sorted(p.name for p in (run_dir / "output").glob("checkpoint-*") if (p / MANIFEST).is_file())
+    assert committed == ["checkpoint-30", "checkpoint-40"]  # keep_checkpoints=2, pruned by the leader only
+    assert not (run_dir / "output" / "quarantine").exists()

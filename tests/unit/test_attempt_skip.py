@@ -64,7 +64,7 @@ def no_trainer(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Replaces the trainer launch: records the resume point it was asked to train from, then raises."""
     calls: list[object] = []
 
-    def fake_train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt_id: str, resume: object, sync: object):  # type: ignore[no-untyped-def]
+    def fake_train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt_id: str, resume: object, *_: object):  # type: ignore[no-untyped-def]
         calls.append(resume)
         raise Trained(f"the trainer was started from {resume}")
 
@@ -92,7 +92,8 @@ def test_a_run_committed_at_its_last_step_starts_no_trainer_and_is_finished(
     status = read_status(run_dir)
     assert status is not None and (status["state"], status["committed_step"]) == ("finished", LAST_STEP), status
     chosen = json.loads(resume_file(run_dir, skipped["attempt"]).read_text())
-    assert chosen == {"checkpoint": str(last), "step": LAST_STEP, "complete": True}  # what the other nodes read
+    expected = {"checkpoint": str(last), "step": LAST_STEP, "complete": True, "nonce": None}  # no such SLURM job
+    assert chosen == expected  # what the other nodes read
     assert not (attempt_dir(run_dir, skipped["attempt"]) / "node0.log").exists()  # no trainer output either
 
 

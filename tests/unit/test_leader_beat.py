@@ -75,15 +75,31 @@ def test_a_follower_waits_past_the_old_900_s_limit_while_the_leader_beats(
 def test_a_follower_stops_waiting_once_the_heartbeat_is_stale_and_says_what_node_0_was_doing(
     plan: JobPlan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock(step_s=1.0)
-    beat(tmp_path, clock.now - STALE_S - 5)
+    clock = Clock(step_s=5.0)
+    beat(tmp_path, clock.now)  # node 0's last beat, as this node begins to wait
     monkeypatch.setattr(resume, "time", clock)
     with pytest.raises(NodeError) as failed:
         resume.agree_on_resume(plan, tmp_path, leader=False)
     message = str(failed.value)
     assert "node 0 (gpu07, pid 4242) stopped its heartbeat 185 s ago" in message
     assert f"{DOWNLOADING} (12.0 of 250.0 GiB)" in message
-    assert "node0.log" in message and clock.sleeps == 0
+    assert "node0.log" in message and clock.sleeps == 37
+
+
+def test_an_earlier_jobs_stale_heartbeat_does_not_end_the_wait(
+    plan: JobPlan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job ids repeat on a new cluster: logs/<job id>/leader.json may be an earlier job's, long stale."""
+
+    def leader_starts(clock: Clock) -> None:
+        beat(tmp_path, clock.now)
+        if clock.sleeps == 3:
+            write_json_atomic(tmp_path / RESUME, {"checkpoint": None, "step": 0, "nonce": None})
+
+    clock = Clock(step_s=30.0, on_sleep=leader_starts)
+    beat(tmp_path, clock.now - 86_400)
+    monkeypatch.setattr(resume, "time", clock)
+    assert resume.agree_on_resume(plan, tmp_path, leader=False).step == 0
 
 
 def test_a_follower_gives_up_when_node_0_never_beats(
@@ -101,7 +117,9 @@ def test_a_follower_gives_up_when_node_0_never_beats(
     [
         (0.0, 0.0, True),
         (STALE_S, 10_000.0, True),
-        (STALE_S + 1, 0.0, False),
+        (STALE_S + 1, STALE_S + 1, False),
+        (86_400.0, 0.0, True),  # an earlier job's beat: node 0 still has STALE_S to beat
+        (86_400.0, STALE_S + 1, False),
         (None, STALE_S, True),
         (None, STALE_S + 1, False),
     ],

@@ -12,19 +12,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from swiftslurm import storage_cli
+from swiftslurm.errors import ConfigError, NodeError
 from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, is_committed, problems
 from swiftslurm.node.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
 from swiftslurm.node.storage.sync import NodeSync, restore
 from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.rundir import SYNC_STATE
 from swiftslurm.storage_spec import StorageError, StorageSpec
-from tests.conftest import REPO
+from swiftslurm.submit import check_storage
+from tests.conftest import REPO, plan_for
 from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials
 
 MiB = 1 << 20
@@ -418,3 +421,54 @@ def test_check_access_fails_before_submission_with_the_fix(s3_server: SeaweedSer
     wrong = StorageSpec(bucket="no-such-bucket", prefix="x", endpoint_url=s3_server.endpoint_url, max_attempts=1)
     with pytest.raises(StorageError, match="does not exist"):
         CheckpointStore(wrong).check_access()
+
+
+# --- issue 14, item 1: one run's checkpoints per prefix ------------------------------------------------------
+
+
+def committed_by(output_dir: Path, step: int, identity: str | None) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights of step %d" % step)
+    commit(folder, world_size=1, swift_version="test", identity=identity)
+    return folder
+
+
+def test_restore_refuses_another_plans_remote_checkpoint_and_downloads_nothing(
+    tmp_path: Path, store: CheckpointStore, spec: StorageSpec
+) -> None:
+    store.upload(committed_by(tmp_path / "other-run", 30, identity="aaaaaaaaaaaaaaaa"))
+    mine = tmp_path / "output"
+    with pytest.raises(NodeError) as refused:
+        restore(spec, mine, identity="bbbbbbbbbbbbbbbb")
+    assert "aaaaaaaaaaaaaaaa" in str(refused.value) and "bbbbbbbbbbbbbbbb" in str(refused.value)
+    assert not mine.exists() or not any(mine.iterdir())
+    assert restore(spec, mine, identity="aaaaaaaaaaaaaaaa") == mine / "checkpoint-30"  # its own plan restores it
+
+
+def test_submission_refuses_a_prefix_that_holds_another_runs_checkpoints(
+    tmp_path: Path, store: CheckpointStore, spec: StorageSpec
+) -> None:
+    plan = replace(plan_for(f"run_dir={tmp_path / 'run'}"), storage=spec)
+    check_storage(plan)  # an empty prefix
+    store.upload(committed_by(tmp_path / "before-identities", 10, identity=None))
+    check_storage(plan)  # committed by an older swiftslurm: taken as this run's
+    store.upload(committed_by(tmp_path / "mine", 20, identity=plan.identity()))
+    check_storage(plan)
+    store.upload(committed_by(tmp_path / "other", 30, identity="aaaaaaaaaaaaaaaa"))
+    with pytest.raises(ConfigError) as refused:
+        check_storage(plan)
+    message = str(refused.value)
+    assert "aaaaaaaaaaaaaaaa" in message and plan.identity() in message and "storage.prefix=" in message
+
+
+def test_an_uploader_whose_job_lost_the_lease_prunes_nothing_remote(store: CheckpointStore, tmp_path: Path) -> None:
+    """Issue 14, item 4: remote retention is a destructive step too; only the run dir's leader applies it."""
+    uploader = Uploader(store, keep=1, leads=lambda: False)
+    for step in (10, 20, 30):  # one at a time: the uploader takes the newest first and skips outranked ones
+        uploader.submit(make_checkpoint(tmp_path, step, small=1))
+        deadline = time.monotonic() + 60
+        while step not in uploader.remote() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert uploader.drain(timeout_s=60) == []
+    assert store.committed_steps() == [10, 20, 30]

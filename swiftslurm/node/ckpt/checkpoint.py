@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.rundir import QUARANTINE
 
 # In each checkpoint-N folder and under its object-store prefix: part of the commit format, so named here.
@@ -85,12 +86,18 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def commit(
-    checkpoint: Path, world_size: int, swift_version: str, last_step: int | None = None, engine: str = "swift"
+    checkpoint: Path,
+    world_size: int,
+    swift_version: str,
+    last_step: int | None = None,
+    engine: str = "swift",
+    identity: str | None = None,
 ) -> dict[str, Any]:
     """Write the manifest of a fully written checkpoint. Call once every rank has finished saving.
 
     ``last_step`` is the run's planned last step (max_steps / train_iters as the trainer computed it, epochs
-    included): a checkpoint of that step means training is complete, and no attempt trains past it."""
+    included): a checkpoint of that step means training is complete, and no attempt trains past it.
+    ``identity`` is the plan's (JobPlan.identity): a checkpoint resumes only the plan that wrote it."""
     step = checkpoint_step(checkpoint)
     if step is None:
         raise ValueError(f"{checkpoint} is not a checkpoint-N folder")
@@ -106,6 +113,7 @@ def commit(
         "last_step": last_step,
         "world_size": world_size,
         "engine": engine,
+        "plan_identity": identity,
         "ms_swift_version": swift_version,
         "committed_at": time.time(),
         "files": files,
@@ -140,6 +148,21 @@ def problems(checkpoint: Path, deep: bool = False) -> list[str]:
         elif deep and sha256_and_fsync(path) != entry["sha256"]:
             found.append(f"{checkpoint.name}/{entry['path']}: checksum differs from the manifest")
     return found
+
+
+def check_identity(
+    manifest: dict[str, Any] | None, identity: str | None, where: str, error: type[SwiftSlurmError] = NodeError
+) -> None:
+    """Refuse a checkpoint another plan committed: resuming it would continue that run with this run's
+    settings (two runs with the same storage prefix or output dir). A manifest without an identity was
+    committed by a swiftslurm older than identities, for this run dir as far as anyone knows: accepted."""
+    theirs = (manifest or {}).get("plan_identity")
+    if theirs and identity and theirs != identity:
+        raise error(
+            f"{where} was committed by another plan (identity {theirs}; this run's plan is {identity}), "
+            "so it is not resumed. HINT: give this run its own place: a new run_name=NAME or "
+            "storage.prefix=PREFIX (or remove the other run's checkpoints if that run is abandoned)."
+        )
 
 
 def is_last_step(manifest: dict[str, Any] | None) -> bool:
@@ -191,9 +214,12 @@ def quarantine_newer_than(output_dir: Path, step: int, tag: str) -> list[Path]:
     return moved
 
 
-def prepare_resume(output_dir: Path, tag: str, move: bool) -> ResumePoint:
-    """Pick the resume point; with ``move`` (node 0 only) set aside what is newer than it."""
+def prepare_resume(output_dir: Path, tag: str, move: bool, identity: str | None = None) -> ResumePoint:
+    """Pick the resume point; with ``move`` (node 0 only) set aside what is newer than it. A resume point
+    committed by another plan than ``identity`` is refused (check_identity) before anything is moved."""
     checkpoint, rejected = newest_committed(output_dir)
+    if checkpoint is not None:
+        check_identity(read_manifest(checkpoint), identity, str(checkpoint))
     step = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
     moved = quarantine_newer_than(output_dir, step, tag) if move else []
     complete = checkpoint is not None and is_last_step(read_manifest(checkpoint))

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism
 
 ENGINES_DIR = Path(__file__).resolve().parent
+# ms-swift arguments that do not change what is trained (see Engine.result_argv).
+_NOT_RESULT_ARGS = frozenset({"--output_dir", "--ddp_timeout"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,20 @@ class Engine:
             "callbacks": [*callbacks, *self.callbacks],
             "external_plugins": [*plugins, str(self.plugin)],
         }
+
+    def result_argv(self, argv: tuple[str, ...]) -> list[list[str]]:
+        """The arguments of ``argv`` that determine what is trained, one [--name, values...] group each (the
+        plan's identity): without where the output goes (inside the run dir), how long NCCL waits (the
+        cluster's), and this engine's own hooks (their path is wherever swiftslurm is installed)."""
+        ours = {*self.callbacks, str(self.plugin)}
+        groups: list[list[str]] = []
+        for word in argv:
+            if word.startswith("--") or not groups:
+                groups.append([word])
+            else:
+                groups[-1].append(word)
+        kept = [[g[0], *(v for v in g[1:] if v not in ours)] for g in groups if g[0] not in _NOT_RESULT_ARGS]
+        return [g for g in kept if len(g) > 1 or g[0] not in ("--callbacks", "--external_plugins")]
 
     def refusal(self, args: Mapping[str, Any]) -> str | None:
         """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can)."""

@@ -17,10 +17,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.node import lease
 from swiftslurm.node.ckpt import checkpoint
 from swiftslurm.node.engines.stop_vote import StopVote
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
+TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: retention runs only while its lease holds
+IDENTITY_ENV = "SWIFTSLURM_PLAN_IDENTITY"  # set by the wrapper from the plan, written into each manifest
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -90,14 +93,27 @@ class Committer:
 
     def _commit(self, folder: Path, world_size: int, last_step: int | None) -> None:
         try:
-            checkpoint.commit(folder, world_size, swift_version(), last_step=last_step, engine=self.engine)
+            identity = os.environ.get(IDENTITY_ENV) or None
+            checkpoint.commit(
+                folder, world_size, swift_version(), last_step=last_step, engine=self.engine, identity=identity
+            )
             print(f"[swiftslurm] committed {folder.name}", flush=True)
             keep = int(os.environ.get(KEEP_ENV, "0"))
-            if keep > 0:
+            if keep > 0 and self._leads():
                 for gone in checkpoint.prune_committed(folder.parent, keep):
                     print(f"[swiftslurm] pruned {gone.name} (keep_checkpoints={keep})", flush=True)
         except Exception as err:  # logged and left uncommitted: resume falls back to an older one
             print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
+
+    @staticmethod
+    def _leads() -> bool:
+        """Whether this run's leader still holds the run dir's lease (node/lease.py): a leader that lost it
+        must not prune. Without a token (the trainer started by hand) there is no lease to check."""
+        token, run_dir = os.environ.get(TOKEN_ENV), os.environ.get("SWIFTSLURM_RUN_DIR")
+        if token is None or run_dir is None or lease.holds(Path(run_dir), int(token)):
+            return True
+        print(f"[swiftslurm] not pruning: the lease on {run_dir} moved to another job", flush=True)
+        return False
 
     def finish(self) -> None:
         # Training is over: a save signal that arrives now (SLURM delivers it to each node at its own moment,

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from swiftslurm.node.ckpt.checkpoint import (
     MANIFEST,
+    check_identity,
     fsync_dir,
     is_committed,
     problems,
@@ -527,12 +528,18 @@ def remove_stale_downloads(output_dir: Path) -> list[Path]:
 
 
 def restore_if_newer(
-    store: CheckpointStore, output_dir: Path, local_step: int, report: TransferReport | None = None
+    store: CheckpointStore,
+    output_dir: Path,
+    local_step: int,
+    report: TransferReport | None = None,
+    identity: str | None = None,
 ) -> Path | None:
     """Download the newest remote checkpoint when it is newer than ``local_step`` (the newest committed local
-    one; 0 when there is none). Returns its local path, or None when the node is already up to date."""
+    one; 0 when there is none). Returns its local path, or None when the node is already up to date. One
+    committed by another plan than ``identity`` is refused before anything is downloaded."""
     remote = newest_remote_step(store)
     if remote is None or remote <= local_step:
         return None
+    check_identity(store.manifest(remote), identity, store.key(remote))
     log.info(f"[swiftslurm] {store.spec.url} has checkpoint-{remote}, newer than local step {local_step}")
     return store.download(remote, output_dir, report)

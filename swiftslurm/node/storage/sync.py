@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,17 @@ SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkp
 LAST_FAILURES = 5  # failures kept in sync.json
 
 
-def restore(spec: StorageSpec, output_dir: Path, report: TransferReport | None = None) -> Path | None:
+def restore(
+    spec: StorageSpec, output_dir: Path, report: TransferReport | None = None, identity: str | None = None
+) -> Path | None:
     """Before training (node 0): remove what a killed restore left, then fetch the newest remote checkpoint if
-    it is newer than every committed local one (a wiped scratch disk, a new cluster). Returns what was
-    downloaded, or None. ``report`` follows the download (node 0's heartbeat)."""
+    it is newer than every committed local one (a wiped scratch disk, a new cluster), unless another plan than
+    ``identity`` committed it (refused). Returns what was downloaded, or None. ``report`` follows the download
+    (node 0's heartbeat)."""
     remove_stale_downloads(output_dir)
     local, _ = newest_committed(output_dir)
     local_step = (checkpoint_step(local) or 0) if local else 0
-    return restore_if_newer(CheckpointStore(spec), output_dir, local_step, report)
+    return restore_if_newer(CheckpointStore(spec), output_dir, local_step, report, identity)
 
 
 class NodeSync:
@@ -57,13 +61,15 @@ class NodeSync:
         output_dir: Path,
         store: CheckpointStore | None = None,
         keep_local: int = 0,
+        leads: Callable[[], bool] | None = None,
     ):
         self.spec = spec
         self.keep_local = keep_local
+        self._leads = leads
         self.state_path = run_dir / SYNC_STATE
         self.output_dir = output_dir
         self.uploader = Uploader(
-            store if store is not None else CheckpointStore(spec), history=run_dir / UPLOAD_HISTORY
+            store if store is not None else CheckpointStore(spec), history=run_dir / UPLOAD_HISTORY, leads=leads
         )
         self._submitted: set[int] = set()
         self._scanned_at = float("-inf")
@@ -99,8 +105,8 @@ class NodeSync:
     def _prune_local(self) -> None:
         """Beyond the newest ``keep_local`` committed checkpoints, delete those the store has (or has a newer
         one instead of); keep every one still pending, and any not submitted yet."""
-        if self.keep_local <= 0:
-            return
+        if self.keep_local <= 0 or (self._leads is not None and not self._leads()):
+            return  # keeps all, or this node lost the run dir's lease: another leader owns retention now
         for gone in prune_committed(self.output_dir, self.keep_local, only=self.uploader.settled()):
             why = f"the store has it, or a newer one (keep_checkpoints={self.keep_local})"
             log.info(f"[swiftslurm] pruned {gone.name} locally: {why}")

@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,9 +45,16 @@ class Uploader:
     BACKOFF_S = (2.0, 60.0)  # first retry after 2 s, doubling up to 60 s
     DRAIN_BACKOFF_S = 1.0  # while draining, retry at once (botocore has backed off per request already)
 
-    def __init__(self, store: CheckpointStore, keep: int | None = None, history: Path | None = None) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        keep: int | None = None,
+        history: Path | None = None,
+        leads: Callable[[], bool] | None = None,
+    ) -> None:
         self.store = store
         self.keep = store.spec.keep if keep is None else keep
+        self.leads = leads  # whether this node still leads the run (node/lease.py); only a leader prunes
         self.history = history
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
@@ -193,6 +201,9 @@ class Uploader:
 
     def _apply_retention(self) -> None:
         if self.keep <= 0:
+            return
+        if self.leads is not None and not self.leads():
+            log.warning("[swiftslurm] not pruning the store: this job lost the run dir's lease to another job")
             return
         try:
             for step in self.store.prune(self.keep):
