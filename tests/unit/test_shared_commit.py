@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,30 +62,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, port: int, folder: Path, hashed: dict[int, list[str]]) -> None:
+def _rank(rank: int, port: int, folder: Path, hashed: dict[int, Any], rank1_done: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     mine: list[str] = []
-    real = ck.sha256_and_fsync
+    real_hash, real_write = ck.sha256_and_fsync, ck.write_json_atomic
 
     def recording(path: Path) -> str:
         mine.append(str(path.relative_to(folder)))
-        return real(path)
+        return real_hash(path)
+
+    def late_manifest(path: Path, data: dict[str, Any]) -> None:
+        rank1_done.wait(timeout=2)  # rank 0 writes the manifest after rank 1 ended its commit (if it can)
+        real_write(path, data)
 
     ck.sha256_and_fsync = recording  # type: ignore[assignment]  # which rank read which file
+    ck.write_json_atomic = late_manifest  # type: ignore[assignment]
     committer = Committer(engine="swift")
     committer.after_save(folder, last_step=10)
     committer.finish()
-    hashed[rank] = mine
+    if rank == 1:
+        rank1_done.set()
+    hashed[rank] = (mine, ck.is_committed(folder))  # committed when this rank's commit ended?
     dist.destroy_process_group()
 
 
 def test_two_ranks_commit_a_zero3_checkpoint_together(tmp_path: Path) -> None:
     folder = zero3_checkpoint(tmp_path, 5, 2)
     with mp.Manager() as manager:
-        hashed = manager.dict()
-        mp.spawn(_rank, args=(_free_port(), folder, hashed), nprocs=2, join=True)
-        hashed = dict(hashed)
+        answers = manager.dict()
+        mp.spawn(_rank, args=(_free_port(), folder, answers, manager.Event()), nprocs=2, join=True)
+        hashed = {rank: answers[rank][0] for rank in (0, 1)}
+        assert answers[0][1] and answers[1][1]  # no rank's commit ends before the manifest is written
     assert {p for p in hashed[1] if "zero_pp_rank" in p} == {
         f"global_step5/zero_pp_rank_1_mp_rank_00_{kind}.pt" for kind in ("optim_states", "model_states")
     }

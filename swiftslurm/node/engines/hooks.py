@@ -116,6 +116,13 @@ class Committer:
                 self._commit_hashed(folder, world_size, last_step, files, started)
         except Exception as err:  # logged and left uncommitted: resume falls back to an older one
             print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
+        finally:
+            if self._group is not None:
+                # No rank's commit ends before rank 0's manifest is written: a rank that exits (training over)
+                # while rank 0 still commits can make torchrun stop rank 0 mid-commit (docs/gpu.md).
+                import torch.distributed as dist
+
+                dist.barrier(group=self._group)
 
     def _commit_hashed(
         self, folder: Path, world_size: int, last_step: int | None, files: list[dict[str, Any]] | None, started: float
