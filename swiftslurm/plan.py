@@ -284,6 +284,42 @@ def min_free_gb(params_b: float, tuner_type: str) -> float:
     return round(max(1.0, params_b * per_b), 1)
 
 
+# What one node writes and commits per second, in GB (10^9 bytes): bench/save_budget.py on 2026-12-01 (4 ranks,
+# 2 cores, one virtual disk; docs/resilience.md "Save budget"), medians over 1-50 GB checkpoints. A GPU node has
+# more cores and faster disks: a low estimate of the rates, so the warning errs on the side of warning.
+SAVE_WRITE_GBPS_PER_NODE = 0.25
+COMMIT_GBPS_PER_NODE = 0.5
+
+
+def save_seconds(params_b: float, tuner_type: str, nodes: int) -> float:
+    """Estimated seconds from the save's start to the manifest: each node writes and hashes its share."""
+    per_node_gb = min_free_gb(params_b, tuner_type) / nodes
+    return per_node_gb / SAVE_WRITE_GBPS_PER_NODE + per_node_gb / COMMIT_GBPS_PER_NODE
+
+
+def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
+    """One line when SLURM's stop signal comes too late for this model's checkpoint to be saved and committed
+    before the time limit; None when it has time (or no signal comes: local runs)."""
+    if plan.slurm is None or not cfg.model.params_b:
+        return None
+    lead, tuner = plan.resilience.signal_lead_s, cfg.strategy.tuner_type
+    need = save_seconds(cfg.model.params_b, tuner, plan.topology.nodes)
+    if need <= lead:
+        return None
+    enough = int(-(-need * 1.5 // 60) * 60)  # the estimate plus half for the step in progress, whole minutes
+    fix = (
+        f"set cluster.signal_lead_s={enough} (each attempt stops training that much earlier)"
+        if enough < plan.slurm.time_min * 60
+        else f"spread the run over more nodes or train LoRA: cluster.time={plan.slurm.time} is too short to save it"
+    )
+    return (
+        f"warning: a {tuner} checkpoint of {cfg.model.name} ({cfg.model.params_b:g}B parameters, "
+        f"~{min_free_gb(cfg.model.params_b, tuner):.0f} GB over {plan.topology.nodes} node(s)) takes ~{need:.0f} s "
+        f"to save and commit, more than cluster.signal_lead_s={lead}: the job may end before it is committed. "
+        f"HINT: {fix}."
+    )
+
+
 def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
     validate.check_preflight(cfg.preflight_timeout_s, cfg.preflight_min_free_gb)
     need = cfg.preflight_min_free_gb
