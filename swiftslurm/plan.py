@@ -284,11 +284,14 @@ def min_free_gb(params_b: float, tuner_type: str) -> float:
     return round(max(1.0, params_b * per_b), 1)
 
 
-# What one node writes and commits per second, in GB (10^9 bytes): bench/save_budget.py on 2026-12-01 (4 ranks,
-# 2 cores, one virtual disk; docs/resilience.md "Save budget"), medians over 1-50 GB checkpoints. A GPU node has
-# more cores and faster disks: a low estimate of the rates, so the warning errs on the side of warning.
-SAVE_WRITE_GBPS_PER_NODE = 0.25
-COMMIT_GBPS_PER_NODE = 0.5
+# What one node writes and commits per second, in GB (10^9 bytes), measured by bench/save_budget.py on
+# 2026-12-01 (bench/results/save-budget-2026-12-01.json; docs/resilience.md "Save budget"): 4 ranks on a
+# 2-core VM with one virtual disk, shared with other work. Write: the median of the 1, 10 and 50 GB writes
+# (0.33, 0.12, 0.73 GB/s). Commit: the 50 GB checkpoint's shared commit, median of 3 (larger than the
+# page cache, like a full fine-tune's: bound by the disk's read rate). A GPU node has more cores and faster
+# disks, so these err on the side of warning.
+SAVE_WRITE_GBPS_PER_NODE = 0.33
+COMMIT_GBPS_PER_NODE = 0.58
 
 
 def save_seconds(params_b: float, tuner_type: str, nodes: int) -> float:

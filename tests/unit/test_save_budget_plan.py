@@ -36,8 +36,8 @@ def test_local_runs_get_no_signal_so_no_warning() -> None:
 
 
 def test_a_time_limit_too_short_for_any_lead_says_so() -> None:
-    warning = warning_for(*FULL_72B, "cluster.time=01:00:00")
-    assert warning is not None and "cluster.time=01:00:00 is too short" in warning
+    warning = warning_for(*FULL_72B, "cluster.time=00:30:00")
+    assert warning is not None and "cluster.time=00:30:00 is too short" in warning
 
 
 def test_more_nodes_share_the_save() -> None:
