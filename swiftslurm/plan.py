@@ -285,9 +285,9 @@ def min_free_gb(params_b: float, tuner_type: str) -> float:
 
 
 # What one node writes and commits per second, in GB (10^9 bytes), measured by bench/save_budget.py on
-# 2026-12-01 (bench/results/save-budget-2026-12-01.json; docs/resilience.md "Save budget"): 4 ranks on a
-# 2-core VM with one virtual disk, shared with other work. Write: the median of the 1, 10 and 50 GB writes
-# (0.33, 0.12, 0.73 GB/s). Commit: the 50 GB checkpoint's shared commit, median of 3 (larger than the
+# 2026-12-01 (bench/results/save-budget-2026-12-01*.json; docs/resilience.md "Save budget"): 4 ranks on a
+# 2-core VM with one virtual disk, shared with other work. Write: the median of the five rows' writes
+# (0.33, 0.12, 0.73, 0.37, 0.24 GB/s). Commit: the 50 GB checkpoint's shared commit, median of 3 (larger than the
 # page cache, like a full fine-tune's: bound by the disk's read rate). A GPU node has more cores and faster
 # disks, so these err on the side of warning.
 SAVE_WRITE_GBPS_PER_NODE = 0.33
