@@ -132,3 +132,28 @@ def test_a_save_waits_for_the_previous_commit(tmp_path: Path, monkeypatch: pytes
     last_of_first = max(i for i, (_, name) in enumerate(events) if name == first.name)
     first_of_second = min(i for i, (_, name) in enumerate(events) if name == second.name)
     assert last_of_first < first_of_second, events
+
+
+def _failing_rank(rank: int, port: int, folder: Path, done: dict[int, bool]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if rank == 1:
+
+        def unreadable(path: Path) -> str:
+            raise PermissionError(13, "Permission denied", str(path))
+
+        ck.sha256_and_fsync = unreadable  # type: ignore[assignment]
+    committer = Committer(engine="swift")
+    committer.after_save(folder, last_step=10)
+    committer.finish()
+    done[rank] = True
+    dist.destroy_process_group()
+
+
+def test_a_rank_that_cannot_hash_leaves_the_checkpoint_uncommitted_and_no_rank_waiting(tmp_path: Path) -> None:
+    folder = zero3_checkpoint(tmp_path, 5, 2)
+    with mp.Manager() as manager:
+        done = manager.dict()
+        mp.spawn(_failing_rank, args=(_free_port(), folder, done), nprocs=2, join=True)
+        assert dict(done) == {0: True, 1: True}  # both ranks' commits ended
+    assert not ck.is_committed(folder)  # resume falls back to an older checkpoint

@@ -65,8 +65,8 @@ def hash_together(folder: Path, group: Any) -> list[dict[str, Any]] | None:
     mine: list[dict[str, Any]] | str
     try:
         mine = checkpoint.file_entries(folder, split(listing[0], world_size)[rank])
-    except OSError as err:
-        mine = f"rank {rank}: {err!r}"
+    except Exception as err:  # any failure is answered, never raised here: rank 0 would wait in the gather
+        mine = f"rank {rank}: {type(err).__name__}: {err}"
     gathered: list[Any] | None = [None] * world_size if rank == 0 else None
     dist.gather_object(mine, gathered, dst=dist.get_global_rank(group, 0), group=group)
     if gathered is None:
@@ -80,5 +80,5 @@ def _listing(folder: Path) -> dict[str, int] | str:
     """The files to hash, or why they could not be listed (sent to every rank instead, so none waits)."""
     try:
         return checkpoint.file_sizes(folder)
-    except OSError as err:
-        return f"could not list {folder}: {err!r}"
+    except Exception as err:  # sent instead of the listing: the other ranks would wait for it
+        return f"could not list {folder}: {type(err).__name__}: {err}"
