@@ -24,7 +24,7 @@ from omegaconf.errors import MissingMandatoryValue
 from swiftslurm import rundir
 from swiftslurm.config import Config, open_dict_overrides, register_configs
 from swiftslurm.errors import ConfigError, SwiftSlurmError
-from swiftslurm.plan import JobPlan, PlanContext, make_plan
+from swiftslurm.plan import JobPlan, PlanContext, make_plan, save_budget_warning
 from swiftslurm.report import dry_run_report, result_summary
 
 if TYPE_CHECKING:
@@ -114,8 +114,11 @@ def run(cfg: DictConfig) -> int:
     from swiftslurm.runs import record_submission
 
     sweep = sweep_dir()
-    plan = make_plan(to_config(cfg), PlanContext(cwd=Path.cwd(), sweep_point=sweep_point()))
+    config = to_config(cfg)
+    plan = make_plan(config, PlanContext(cwd=Path.cwd(), sweep_point=sweep_point()))
     run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
+    if (warning := save_budget_warning(config, plan)) is not None:
+        print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
         print(dry_run_report(plan))
         how = f"sbatch {run_dir / rundir.SBATCH}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"

@@ -303,6 +303,45 @@ def min_free_gb(params_b: float, tuner_type: str) -> float:
     return round(max(1.0, params_b * per_b), 1)
 
 
+# What one node writes and commits per second, in GB (10^9 bytes), measured by bench/save_budget.py on
+# 2026-12-01 (bench/results/save-budget-2026-12-01*.json; docs/resilience.md "Save budget"): 4 ranks on a
+# 2-core VM with one virtual disk, shared with other work. Write: the median of the five rows' writes
+# (0.33, 0.12, 0.73, 0.37, 0.24 GB/s). Commit: the 50 GB checkpoint's shared commit, median of 3 (larger than the
+# page cache, like a full fine-tune's: bound by the disk's read rate). A GPU node has more cores and faster
+# disks, so these err on the side of warning.
+SAVE_WRITE_GBPS_PER_NODE = 0.33
+COMMIT_GBPS_PER_NODE = 0.58
+
+
+def save_seconds(params_b: float, tuner_type: str, nodes: int) -> float:
+    """Estimated seconds from the save's start to the manifest: each node writes and hashes its share."""
+    per_node_gb = min_free_gb(params_b, tuner_type) / nodes
+    return per_node_gb / SAVE_WRITE_GBPS_PER_NODE + per_node_gb / COMMIT_GBPS_PER_NODE
+
+
+def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
+    """One line when SLURM's stop signal comes too late for this model's checkpoint to be saved and committed
+    before the time limit; None when it has time (or no signal comes: local runs)."""
+    if plan.slurm is None or not cfg.model.params_b:
+        return None
+    lead, tuner = plan.resilience.signal_lead_s, cfg.strategy.tuner_type
+    need = save_seconds(cfg.model.params_b, tuner, plan.topology.nodes)
+    if need <= lead:
+        return None
+    enough = int(-(-need * 1.5 // 60) * 60)  # the estimate plus half for the step in progress, whole minutes
+    fix = (
+        f"set cluster.signal_lead_s={enough} (each attempt stops training that much earlier)"
+        if enough < plan.slurm.time_min * 60
+        else f"spread the run over more nodes or train LoRA: cluster.time={plan.slurm.time} is too short to save it"
+    )
+    return (
+        f"warning: a {tuner} checkpoint of {cfg.model.name} ({cfg.model.params_b:g}B parameters, "
+        f"~{min_free_gb(cfg.model.params_b, tuner):.0f} GB over {plan.topology.nodes} node(s)) takes ~{need:.0f} s "
+        f"to save and commit, more than cluster.signal_lead_s={lead}: the job may end before it is committed. "
+        f"HINT: {fix}."
+    )
+
+
 def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
     validate.check_preflight(cfg.preflight_timeout_s, cfg.preflight_min_free_gb)
     need = cfg.preflight_min_free_gb

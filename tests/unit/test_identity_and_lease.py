@@ -69,7 +69,9 @@ def test_the_manifest_carries_the_identity_the_wrapper_gives_the_trainer(
     monkeypatch.setenv(IDENTITY_ENV, env[IDENTITY_ENV])
     monkeypatch.setattr("swiftslurm.node.engines.hooks.swift_version", lambda: "test")
     folder = checkpoint(plan.output_dir, 10, None, commit=False)
-    Committer("swift")._commit(folder, 1, None)
+    committer = Committer("swift")
+    committer.after_save(folder, None)
+    committer.wait()
     manifest = ck.read_manifest(folder)
     assert manifest is not None
     assert (manifest["plan_identity"], manifest["world_size"], manifest["engine"]) == (plan.identity(), 1, "swift")
@@ -178,6 +180,12 @@ def test_an_open_attempt_whose_job_slurm_still_holds_is_not_lost(tmp_path: Path)
     assert records.read_attempts(run_dir)[0]["attempt"] == "4"  # gone from SLURM: lost
 
 
+def commit_with_a_committer(folder: Path) -> None:
+    committer = Committer("swift")
+    committer.after_save(folder, None)
+    committer.wait()
+
+
 def test_the_trainer_prunes_only_while_its_leader_holds_the_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,10 +200,10 @@ def test_the_trainer_prunes_only_while_its_leader_holds_the_lease(
     monkeypatch.setenv("SWIFTSLURM_RUN_DIR", str(tmp_path))
     monkeypatch.setenv(lease.TOKEN_ENV, str(held.token))
     monkeypatch.setattr("swiftslurm.node.engines.hooks.swift_version", lambda: "test")
-    Committer("swift")._commit(third, 1, None)
+    commit_with_a_committer(third)
     assert [p.name for _, p in ck.checkpoint_dirs(output)] == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
     monkeypatch.setenv(lease.TOKEN_ENV, str(held.token + 1))  # the holder's own token: it prunes
-    Committer("swift")._commit(third, 1, None)
+    commit_with_a_committer(third)
     assert [p.name for _, p in ck.checkpoint_dirs(output)] == ["checkpoint-30"]
 
 

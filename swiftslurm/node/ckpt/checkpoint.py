@@ -65,6 +65,21 @@ def _files(checkpoint: Path) -> list[Path]:
     return sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.is_symlink() and p.name != MANIFEST)
 
 
+def file_sizes(checkpoint: Path) -> dict[str, int]:
+    """Every file a manifest covers, by path relative to the checkpoint: its size in bytes."""
+    return {str(p.relative_to(checkpoint)): p.stat().st_size for p in _files(checkpoint)}
+
+
+def file_entries(checkpoint: Path, paths: list[str]) -> list[dict[str, Any]]:
+    """Manifest entries (path, size, SHA-256) of some of a checkpoint's files, fsynced on the way: the share
+    of one rank when the ranks hash a checkpoint together, or all of them."""
+    entries = []
+    for rel in paths:
+        path = checkpoint / rel
+        entries.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_and_fsync(path)})
+    return entries
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a folder, so a rename or new file in it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
@@ -92,19 +107,21 @@ def commit(
     last_step: int | None = None,
     engine: str = "swift",
     identity: str | None = None,
+    files: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write the manifest of a fully written checkpoint. Call once every rank has finished saving.
 
     ``last_step`` is the run's planned last step (max_steps / train_iters as the trainer computed it, epochs
     included): a checkpoint of that step means training is complete, and no attempt trains past it.
-    ``identity`` is the plan's (JobPlan.identity): a checkpoint resumes only the plan that wrote it."""
+    ``identity`` is the plan's (JobPlan.identity): a checkpoint resumes only the plan that wrote it.
+
+    ``files``: the entries the ranks hashed together (`file_entries`); without it this process hashes all."""
     step = checkpoint_step(checkpoint)
     if step is None:
         raise ValueError(f"{checkpoint} is not a checkpoint-N folder")
-    files = [
-        {"path": str(p.relative_to(checkpoint)), "size": p.stat().st_size, "sha256": sha256_and_fsync(p)}
-        for p in _files(checkpoint)
-    ]
+    if files is None:
+        files = file_entries(checkpoint, list(file_sizes(checkpoint)))
+    files = sorted(files, key=lambda entry: Path(entry["path"]))  # the order the folder walk gives
     for folder in {p.parent for p in _files(checkpoint)} | {checkpoint}:
         fsync_dir(folder)
     manifest = {

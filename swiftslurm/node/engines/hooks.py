@@ -2,11 +2,14 @@
 
 `StopRequest` installs the stop-signal handler (it only records) and the vote that makes every rank stop at
 the same step (stop_vote.py). `Committer`, after each save, meets every rank at a barrier (so all shards,
-optimizer and RNG states are written), then global rank 0 checksums the files and writes the manifest last,
-in a background thread so training goes on meanwhile. The thread is not a daemon: a process that exits
+optimizer and RNG states are written), then the ranks checksum the files together (shared_commit.py) and global
+rank 0 writes the manifest last, in a background thread so training goes on meanwhile; a save waits for the
+previous commit, so at most one is in flight. The thread is not a daemon: a process that exits
 normally finishes its commit first; one that is killed leaves the checkpoint uncommitted, which is exactly
-what it is. Retention (`keep_checkpoints`) is applied after a commit, so the newest committed checkpoint is
-never deleted.
+what it is. Without object storage, retention (`keep_checkpoints`) is applied here after a commit, so the
+newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's lease; with
+storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then passes 0).
+The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from swiftslurm.node import lease
 from swiftslurm.node.ckpt import checkpoint
+from swiftslurm.node.engines import shared_commit
 from swiftslurm.node.engines.stop_vote import StopVote
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
@@ -74,36 +79,73 @@ class StopRequest:
 
 
 class Committer:
-    """Commit each checkpoint once all ranks have written it."""
+    """Commit each checkpoint once all ranks have written it; the ranks hash it together (shared_commit.py)."""
 
     def __init__(self, engine: str) -> None:
         self.engine = engine
-        self._commits: list[threading.Thread] = []
+        self._commit: threading.Thread | None = None  # at most one in flight
+        self._group: Any = None  # the CPU group the commits use, created at the first save
 
     def after_save(self, folder: Path, last_step: int | None) -> None:
-        """Every rank calls this once its share of ``folder`` is written."""
+        """Every rank calls this once its share of ``folder`` is written. The previous commit is finished
+        first: commits that overlap share the disks and cores and each takes longer, so the newest, the one a
+        stop signal waits for, would be committed later."""
+        self.wait()
+        self._join_group()
         barrier()
-        if is_global_rank_zero():
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
-            thread = threading.Thread(
-                target=self._commit, args=(folder, world_size, last_step), name="swiftslurm-commit"
-            )
-            thread.start()
-            self._commits.append(thread)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self._commit = threading.Thread(
+            target=self._run_commit, args=(folder, world_size, last_step), name="swiftslurm-commit"
+        )
+        self._commit.start()
 
-    def _commit(self, folder: Path, world_size: int, last_step: int | None) -> None:
+    def wait(self) -> None:
+        """Return once the commit in flight (if any) is done."""
+        if self._commit is not None:
+            self._commit.join()
+            self._commit = None
+
+    def _join_group(self) -> None:
+        """A collective call (every rank, same point): the commits' own gloo group, so hashing in a background
+        thread never shares a group with the training loop or the stop vote."""
+        import torch.distributed as dist
+
+        if self._group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = dist.new_group(backend="gloo")
+
+    def _run_commit(self, folder: Path, world_size: int, last_step: int | None) -> None:
         try:
-            identity = os.environ.get(IDENTITY_ENV) or None
-            checkpoint.commit(
-                folder, world_size, swift_version(), last_step=last_step, engine=self.engine, identity=identity
-            )
-            print(f"[swiftslurm] committed {folder.name}", flush=True)
-            keep = int(os.environ.get(KEEP_ENV, "0"))
-            if keep > 0 and self._leads():
-                for gone in checkpoint.prune_committed(folder.parent, keep):
-                    print(f"[swiftslurm] pruned {gone.name} (keep_checkpoints={keep})", flush=True)
+            started = time.monotonic()
+            files = shared_commit.hash_together(folder, self._group) if self._group is not None else None
+            if is_global_rank_zero():
+                self._commit_hashed(folder, world_size, last_step, files, started)
         except Exception as err:  # logged and left uncommitted: resume falls back to an older one
             print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
+        finally:
+            if self._group is not None:
+                # No rank's commit ends before rank 0's manifest is written: a rank that exits (training over)
+                # while rank 0 still commits can make torchrun stop rank 0 mid-commit (docs/gpu.md).
+                import torch.distributed as dist
+
+                dist.barrier(group=self._group)
+
+    def _commit_hashed(
+        self, folder: Path, world_size: int, last_step: int | None, files: list[dict[str, Any]] | None, started: float
+    ) -> None:
+        identity = os.environ.get(IDENTITY_ENV) or None
+        manifest = checkpoint.commit(
+            folder, world_size, swift_version(), last_step=last_step, engine=self.engine, identity=identity, files=files
+        )
+        took, size_gb = time.monotonic() - started, sum(entry["size"] for entry in manifest["files"]) / 1e9
+        hashers = world_size if files is not None else 1
+        print(
+            f"[swiftslurm] committed {folder.name} ({size_gb:.2f} GB hashed by {hashers} ranks in {took:.1f} s)",
+            flush=True,
+        )
+        keep = int(os.environ.get(KEEP_ENV, "0"))
+        if keep > 0 and self._leads():
+            for gone in checkpoint.prune_committed(folder.parent, keep):
+                print(f"[swiftslurm] pruned {gone.name} (keep_checkpoints={keep})", flush=True)
 
     @staticmethod
     def _leads() -> bool:
@@ -120,5 +162,4 @@ class Committer:
         # and the wrapper forwards it) has nothing left to save, but once Python finalises it restores the
         # default action and the signal would kill this rank, failing a run that ended well.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        for thread in self._commits:
-            thread.join()
+        self.wait()

@@ -1,0 +1,57 @@
+"""The plan warns when SLURM's stop signal comes too late for the model's checkpoint to be saved and committed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from swiftslurm.plan import PlanContext, make_plan, save_budget_warning, save_seconds
+from tests.conftest import FIXED_CACHE, FIXED_PYTHON, compose_config
+
+FULL_72B = ("+cluster=a100x16", "model=qwen2.5-72b-instruct", "strategy=zero3", "strategy.tuner_type=full")
+
+
+def warning_for(*overrides: str) -> str | None:
+    cfg = compose_config(*overrides)
+    ctx = PlanContext(cwd=Path("/home/user/project"), python=FIXED_PYTHON, env={"SWIFTSLURM_CACHE": FIXED_CACHE})
+    return save_budget_warning(cfg, make_plan(cfg, ctx))
+
+
+def test_a_full_fine_tune_of_72b_cannot_commit_in_the_default_lead_and_the_hint_fixes_it() -> None:
+    warning = warning_for(*FULL_72B)
+    assert warning is not None and "cluster.signal_lead_s=120" in warning
+    raised = re.search(r"HINT: set (cluster\.signal_lead_s=\d+)", warning)
+    assert raised, warning
+    assert warning_for(*FULL_72B, raised.group(1)) is None  # following the hint silences it
+
+
+def test_lora_of_the_same_model_has_time() -> None:
+    assert warning_for("+cluster=a100x16", "model=qwen2.5-72b-instruct", "strategy=zero3") is None
+
+
+def test_local_runs_get_no_signal_so_no_warning() -> None:
+    assert warning_for("model=qwen2.5-72b-instruct", "strategy.tuner_type=full") is None
+
+
+def test_a_time_limit_too_short_for_any_lead_says_so() -> None:
+    warning = warning_for(*FULL_72B, "cluster.time=00:30:00")
+    assert warning is not None and "cluster.time=00:30:00 is too short" in warning
+
+
+def test_more_nodes_share_the_save() -> None:
+    assert save_seconds(72.7, "full", nodes=4) == save_seconds(72.7, "full", nodes=2) / 2
+
+
+def test_the_dry_run_prints_the_warning_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "swiftslurm", *FULL_72B, "dry_run=true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "signal_lead_s" in line]
+    assert len(lines) == 1 and lines[0].startswith("swiftslurm: warning:") and "HINT: set" in lines[0]
