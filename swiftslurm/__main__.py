@@ -27,6 +27,7 @@ from swiftslurm.config import Config, open_dict_overrides, register_configs
 from swiftslurm.errors import ConfigError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, PlanContext, make_plan
 from swiftslurm.report import dry_run_report, result_summary
+from swiftslurm.sweep import discard_unplanned_sweeps
 
 if TYPE_CHECKING:
     import submitit
@@ -205,16 +206,21 @@ def compose_and_run(args: list[str]) -> int:
     sys.argv[1:] = open_dict_overrides(args)
     user_asked_for_traceback = "HYDRA_FULL_ERROR" in os.environ
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    code: int | str | None = 0
     try:
         hydra_main()
+    except SystemExit as stop:
+        code = stop.code
     except (HydraException, OmegaConfBaseException) as err:
         if user_asked_for_traceback:
             raise
-        return refuse(cli_errors.hydra_error_message(err, args))
+        code = refuse(cli_errors.hydra_error_message(err, args))
     finally:
         if not user_asked_for_traceback:
             del os.environ["HYDRA_FULL_ERROR"]
-    return 0
+    if code == 2:
+        discard_unplanned_sweeps()  # a refused `-m` leaves no trace, like a refused run
+    return code if isinstance(code, int) else 1
 
 
 def refuse(message: str) -> int:

@@ -73,13 +73,16 @@ def suggest_key(key: str) -> str | None:
     same_word = [k for k in leaves if k.rsplit(".", 1)[-1] == last and k != key]
     if same_word:
         return same_word[0]
+    parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    longer = [k for k in leaves if k.rsplit(".", 1)[-1].startswith(last) and k.startswith(parent)]
+    if longer and len(last) > 2:
+        return longer[0]
     close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.7)
     if close:
         return close[0]
     if last in swift_args.valid_args("swift sft") or last in swift_args.valid_args("megatron sft"):
         return f"swift.{last}"
-    longer = [k for k in leaves if k.rsplit(".", 1)[-1].startswith(last) and k.startswith(key.rsplit(".", 1)[0])]
-    return longer[0] if longer and len(last) > 2 else None
+    return None
 
 
 def unknown_key_message(key: str) -> str:
@@ -207,11 +210,17 @@ def _composition(err: Exception, overrides: Sequence[str]) -> str:
     return _first_line(err)
 
 
+def _as_typed(override: str, overrides: Sequence[str]) -> str:
+    """The override as the user typed it (without the `++` that open_dict_overrides added)."""
+    return next((o for o in overrides if override in (o, f"++{o}")), override)
+
+
 def hydra_error_message(err: Exception, overrides: Sequence[str]) -> str:
     """One line, naming the setting and the fix, for an error Hydra raised while reading the command line."""
     from hydra.errors import MissingConfigException, OverrideParseException
 
     if isinstance(err, OverrideParseException):
+        err.override = _as_typed(err.override, overrides)
         if "missing EQUAL" in err.message:
             return f"`{err.override}` is not KEY=VALUE: {_SETTINGS}. HINT: e.g. {err.override}=true."
         return (

@@ -25,8 +25,13 @@ CORPUS = yaml.safe_load((REPO / "tests" / "data" / "bad_inputs.yaml").read_text(
 MAX_LINES = 12
 
 
+def split(args: str | list[str]) -> list[str]:
+    """A case's argv: a string is split like a shell line; a list is the argv itself."""
+    return shlex.split(args) if isinstance(args, str) else list(args)
+
+
 def case_id(case: dict[str, Any]) -> str:
-    return f"{case.get('category', 'ok')}: {case['args']}"
+    return f"{case.get('category', 'ok')}: {' '.join(split(case['args']))}"
 
 
 def prepare(case: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -41,18 +46,26 @@ def prepare(case: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) ->
         (tmp / "plandir" / "plan.json").mkdir(parents=True)
     elif setup == "dataset":
         (tmp / "train.jsonl").write_text('{"messages": []}\n')
+    elif setup == "models_dir":
+        (tmp / "models" / "qwen").mkdir(parents=True)
     if case.get("unset"):
         monkeypatch.delenv(case["unset"], raising=False)
-    args = [a.replace("{tmp}", str(tmp)) for a in shlex.split(case["args"])]
+    args = [a.replace("{tmp}", str(tmp)) for a in split(case["args"])]
     if not any(a.lstrip("+").startswith("run_dir=") for a in args):
         args.append(f"run_dir={tmp / 'run'}")
     return [*args, "dry_run=true"]
 
 
 def snapshot(root: Path) -> dict[str, float]:
-    """Every file and non-empty directory under root, with its modification time (Hydra's own sweep folder of a
-    refused `-m` is created empty before the first point is planned: not a run dir, not counted)."""
-    return {str(p): p.stat().st_mtime for p in root.rglob("*") if p.is_file() or any(p.iterdir())}
+    """Every file and directory under root, with its modification time, except Hydra's own sweep folders while
+    they hold no file: Hydra creates them before the first point of a `-m` is planned."""
+    sweeps = root / "runs" / "sweeps"
+
+    def counted(path: Path) -> bool:
+        in_sweeps = path == sweeps.parent or sweeps in (path, *path.parents)
+        return not (path.is_dir() and in_sweeps and not any(p.is_file() for p in path.rglob("*")))
+
+    return {str(p): p.stat().st_mtime for p in root.rglob("*") if counted(p)}
 
 
 def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
@@ -120,7 +133,7 @@ def test_a_shell_sees_exit_2_and_one_line_on_stderr(args: str, tmp_path: Path) -
     case = next(c for c in CORPUS["refused"] if c["args"] == args)
     if case.get("setup") == "file":
         (tmp_path / "afile").write_text("")
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in shlex.split(args)] + ["dry_run=true"]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in split(args)] + ["dry_run=true"]
     done = subprocess.run(
         [sys.executable, "-m", "swiftslurm", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
