@@ -331,12 +331,12 @@ def _check_exists(field: str, value: str, path: Path) -> None:
 
 
 def _relative_path_message(field: str, value: str, path: str, nodes: int, cwd: Path) -> str:
-    where = "ms-swift runs in the run directory" if nodes == 1 else f"the {nodes} nodes start elsewhere"
+    where = "ms-swift runs in the run directory" if nodes == 1 else "nodes may not share this working directory"
     absolute = (cwd / path).resolve()
     example = f"{absolute}" if absolute.exists() else "/shared/path/to/it"
     shown = f"[{example}]" if field == "dataset" else example
     return (
-        f"{field}={value!r} is a relative path, but {where}, not in {cwd}. "
+        f"{field}={value!r} is a relative path on a {nodes}-node run; {where}, not {cwd}. "
         f"HINT: give an absolute path: {field}={shown}."
     )
 
