@@ -89,8 +89,8 @@ def unknown_key_message(key: str) -> str:
     guess = suggest_key(key)
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     schema = _schema_at(parent.split(".")) if parent else Config
-    known = f" {parent or 'The top level'} has: {', '.join(f.name for f in dataclasses.fields(schema))}." if schema else ""
-    fix = f" Did you mean `{guess}`?" if guess else known
+    names = ", ".join(f.name for f in dataclasses.fields(schema)) if schema else ""
+    fix = f" Did you mean `{guess}`?" if guess else f" {parent or 'The top level'} has: {names}." if names else ""
     return (
         f"{key} is not a swiftslurm setting.{fix} HINT: ms-swift arguments go under `swift.`, "
         "e.g. swift.max_steps=10; a `+` only adds keys inside swift, cluster.env and cluster.sbatch."
@@ -101,7 +101,7 @@ def check_known_keys(cfg: DictConfig, schema: Any = Config, prefix: str = "") ->
     """Refuse keys the schema lacks: Hydra adds them with `+` or `++`, and OmegaConf.to_object drops them."""
     fields = _fields(schema)
     for key in cfg:
-        name = f"{prefix}{key}"
+        name = f"{prefix}{key!s}"
         if key not in fields:
             raise ConfigError(unknown_key_message(name))
         child = cfg._get_node(key)

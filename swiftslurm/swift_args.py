@@ -291,19 +291,23 @@ def value_error(name: str, value: Any, command: str, version: str | None = None)
     where = f"ms-swift {version or installed_version()} `{normalize_command(command)}` ({spec.type})"
     if len(values) > 1 and not several:
         return f"swift.{name}={value} gives several values, but {where} takes one. HINT: give one value."
-    choices = spec.choices or literal_choices(spec.type)
+    choices = [str(c) for c in spec.choices or literal_choices(spec.type) or () if c is not None]
     for item in values:
-        if choices and str(item) not in {str(c) for c in choices if c is not None}:
-            valid = ", ".join(str(c) for c in choices if c is not None)
-            close = difflib.get_close_matches(str(item), [str(c) for c in choices if c is not None], n=1)
+        if choices and str(item) not in choices:
+            close = difflib.get_close_matches(str(item), choices, n=1)
             fix = f"Did you mean `swift.{name}={close[0]}`? " if close else ""
-            return f"swift.{name}={item!r} is not one of {where}'s choices. {fix}HINT: choose one of: {valid}."
+            return f"swift.{name}={item!r} is not one of {where}'s choices. {fix}HINT: one of: {', '.join(choices)}."
         if not choices and not _fits(kind, item):
-            example = spec.default if spec.default not in (None, "None") else {"int": "10", "float": "1e-4"}.get(
-                kind or "", "true"
+            return (
+                f"swift.{name}={item!r} is not {_SCALARS[kind or 'bool']}, as {where} requires. {_example(name, spec)}"
             )
-            return f"swift.{name}={item!r} is not {_SCALARS[kind or 'bool']}, as {where} requires. HINT: e.g. swift.{name}={example}."
     return None
+
+
+def _example(name: str, spec: ArgSpec) -> str:
+    kind, _ = _shape(spec.type)
+    default = spec.default if spec.default not in (None, "None") else {"int": "10", "float": "1e-4"}.get(kind or "")
+    return f"HINT: e.g. swift.{name}={default or 'true'}."
 
 
 # ----------------------------------------------------------------------- generation
@@ -347,7 +351,7 @@ def _parser_choices(cls: type) -> dict[str, tuple[Any, ...]]:
     # HfArgumentParser rewrites the annotations of the (shared, inherited) Field objects in place.
     annotations = [(f, f.type) for f in dataclasses.fields(cls)]
     try:
-        parser = HfArgumentParser([cls])
+        parser = HfArgumentParser([cls])  # type: ignore[list-item]  # ms-swift's argument classes are dataclasses
     finally:
         for f, annotation in annotations:
             f.type = annotation

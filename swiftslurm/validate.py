@@ -59,8 +59,15 @@ def check_counts(cfg: Config) -> None:
     check_not_negative("keep_checkpoints", cfg.keep_checkpoints)
     check_positive("cluster.nccl.timeout_s", cluster.nccl.timeout_s)
     check_positive("resilience.max_attempts", res.max_attempts)
-    for name in ("max_timeouts", "max_unknown_stops", "max_consecutive_failures", "backoff_base_s",
-                 "backoff_max_s", "exclude_host_s", "user_error_window_s"):
+    for name in (
+        "max_timeouts",
+        "max_unknown_stops",
+        "max_consecutive_failures",
+        "backoff_base_s",
+        "backoff_max_s",
+        "exclude_host_s",
+        "user_error_window_s",
+    ):
         check_not_negative(f"resilience.{name}", getattr(res, name))
     for name in ("startup_timeout_s", "hang_timeout_s"):
         if getattr(res, name) <= 0:
@@ -96,18 +103,43 @@ def check_preflight(timeout_s: float, min_free_gb: float | None) -> None:
 # #SBATCH options swiftslurm writes itself (render.sbatch_directives), long and short spellings, with the
 # setting that owns each; a second copy from cluster.sbatch would contradict the first.
 MANAGED_SBATCH = {
-    "nodes": "cluster.nodes", "N": "cluster.nodes",
-    "ntasks-per-node": None, "ntasks": None, "n": None,  # one wrapper per node starts the node's ranks
-    "cpus-per-task": "cluster.cpus_per_task", "c": "cluster.cpus_per_task",
-    "gpus-per-node": "cluster.gpus_per_node", "gpus": "cluster.gpus_per_node", "G": "cluster.gpus_per_node",
-    "mem": "cluster.mem_gb", "partition": "cluster.partition", "p": "cluster.partition",
-    "account": "cluster.account", "A": "cluster.account", "qos": "cluster.qos", "q": "cluster.qos",
-    "constraint": "cluster.constraint", "C": "cluster.constraint", "exclude": "cluster.exclude",
-    "x": "cluster.exclude", "time": "cluster.time", "t": "cluster.time", "signal": "cluster.signal_lead_s",
-    "job-name": "run_name", "J": "run_name", "chdir": "run_dir", "D": "run_dir",
-    "output": None, "o": None, "error": None, "e": None, "open-mode": None,  # logs/ in the run dir
-    "requeue": None, "no-requeue": None,  # the node side decides requeues
-    "array": "array_parallelism", "a": "array_parallelism",
+    "nodes": "cluster.nodes",
+    "N": "cluster.nodes",
+    "ntasks-per-node": None,
+    "ntasks": None,
+    "n": None,  # one wrapper per node starts the node's ranks
+    "cpus-per-task": "cluster.cpus_per_task",
+    "c": "cluster.cpus_per_task",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus": "cluster.gpus_per_node",
+    "G": "cluster.gpus_per_node",
+    "mem": "cluster.mem_gb",
+    "partition": "cluster.partition",
+    "p": "cluster.partition",
+    "account": "cluster.account",
+    "A": "cluster.account",
+    "qos": "cluster.qos",
+    "q": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "C": "cluster.constraint",
+    "exclude": "cluster.exclude",
+    "x": "cluster.exclude",
+    "time": "cluster.time",
+    "t": "cluster.time",
+    "signal": "cluster.signal_lead_s",
+    "job-name": "run_name",
+    "J": "run_name",
+    "chdir": "run_dir",
+    "D": "run_dir",
+    "output": None,
+    "o": None,
+    "error": None,
+    "e": None,
+    "open-mode": None,  # logs/ in the run dir
+    "requeue": None,
+    "no-requeue": None,  # the node side decides requeues
+    "array": "array_parallelism",
+    "a": "array_parallelism",
 }
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -398,8 +430,11 @@ def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
             hint = swift_args.suggest(name, command)
             fix = f" Did you mean `swift.{hint}`?" if hint else f" HINT: see `{command} --help`."
             raise ConfigError(f"swift.{name} is not an argument of `{command}` in the installed ms-swift.{fix}")
-    given = {k for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift)
-             for k in extra}
+    given = {
+        k
+        for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift)
+        for k in extra
+    }
     for name in sorted(given & set(args)):
         if (why := swift_args.value_error(name, args[name], command)) is not None:
             raise ConfigError(why)
