@@ -109,8 +109,9 @@ def _report_unsubmitted(sweep_dir: Path, err: Exception) -> None:
     points = (read_json(sweep_dir / SWEEP_FILE) or {}).get("points", [])
     left = [str(p.get("run_name")) for p in points if p.get("action") == "planned"]
     print(
-        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {', '.join(left) or 'none'}. HINT: fix the cause and run the "
-        "same command again: it submits the points not submitted yet and leaves the others alone.",
+        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {', '.join(left) or 'none'}. "
+        "HINT: fix the cause and run the same command again: it submits the points not submitted yet "
+        "and leaves the others alone.",
         file=sys.stderr,
     )
     sys.exit(2)
