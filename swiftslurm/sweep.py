@@ -22,7 +22,7 @@ SWEEP_FILE = "sweep.json"  # in the sweep folder, beside its run directories
 HYDRA_RECORD = "multirun.yaml"  # what Hydra writes into the sweep folder before the first point is planned
 # Sweep folders this process started, each with the outermost folder Hydra had to create for it
 # (SweepCallback.on_multirun_start); a sweep refused before any point was planned removes them again.
-_STARTED: list[tuple[Path, Path]] = []
+_STARTED: list[tuple[Path, Path | None]] = []
 
 
 def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
@@ -79,12 +79,14 @@ def submit_planned(sweep_dir: Path, parallelism: int) -> list[str]:
 
 def discard_unplanned_sweeps() -> None:
     """Remove what Hydra wrote for a sweep that was refused before any point was planned (no sweep.json):
-    its multirun.yaml and the folders it created. Nothing else is touched; a non-empty folder stays."""
+    its multirun.yaml and the empty folders Hydra created for it. Nothing else is touched."""
     while _STARTED:
         sweep_dir, created = _STARTED.pop()
         if (sweep_dir / SWEEP_FILE).exists():
             continue
         (sweep_dir / HYDRA_RECORD).unlink(missing_ok=True)
+        if created is None:
+            continue
         for folder in (sweep_dir, *sweep_dir.parents):
             if not folder.is_dir() or any(folder.iterdir()):
                 break
@@ -93,12 +95,14 @@ def discard_unplanned_sweeps() -> None:
                 break
 
 
-def _first_missing(path: Path) -> Path:
-    """The outermost folder of ``path`` that does not exist yet (``path`` itself when its parent exists)."""
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet; None when ``path`` exists."""
+    if path.exists():
+        return None
     missing = path
     for parent in path.parents:
         if parent.exists():
-            return missing
+            break
         missing = parent
     return missing
 

@@ -19,7 +19,10 @@ import pytest
 import yaml
 
 from swiftslurm.__main__ import main
-from tests.conftest import REPO
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import display_command, swift_command
+from swiftslurm.submit import make_executor
+from tests.conftest import REPO, plan_for
 
 CORPUS = yaml.safe_load((REPO / "tests" / "data" / "bad_inputs.yaml").read_text())
 MAX_LINES = 12
@@ -114,8 +117,20 @@ def test_legitimate_values_are_accepted_and_reach_the_run_dir_intact(
     assert code == 0, output
     run_dir = workdir / "run"
     written = "\n".join(p.read_text() for p in run_dir.iterdir() if p.is_file())
+    plan = JobPlan.load(run_dir / "plan.json")
     for text in case["quoted"]:
-        assert text in written or shlex.quote(text) in written, f"{text!r} not in the run dir"
+        assert text in written or text in plan.swift_argv or text in dict(plan.env).values(), f"{text!r} not written"
+    # What the dry run prints for the user to copy into a shell gives back exactly the argv the nodes run.
+    command = swift_command(plan)
+    assert shlex.split(display_command(command).replace("\\\n", " ")) == command
+
+
+def test_unlimited_time_reaches_sbatch_through_submitit_too(tmp_path: Path) -> None:
+    """job.sbatch says --time=UNLIMITED; the script submitit writes for the same plan must say it too."""
+    plan = plan_for("+cluster=local-slurm", "cluster.time=UNLIMITED", f"run_dir={tmp_path / 'run'}")
+    executor = make_executor(plan, tmp_path / "submitit")
+    script = executor._executor._make_submission_file_text("true", "uid")
+    assert "#SBATCH --time=UNLIMITED" in script and "#SBATCH --time=0" not in script
 
 
 def test_the_corpus_covers_every_category_with_at_least_100_inputs() -> None:
