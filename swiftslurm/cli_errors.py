@@ -156,7 +156,7 @@ def _missing_config(err: Any) -> str:
 def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
     key = str(err.full_key or "")
     given = _override_for(key, overrides)
-    return f"{given} is not {_kind(key)}. HINT: give {key} {_kind(key)} (`--cfg job` shows the current values)."
+    return f"{given} is not {_kind(key)}. HINT: give {key} {_kind(key)}."
 
 
 def interpolation_message(err: InterpolationResolutionError) -> str:

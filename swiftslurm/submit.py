@@ -84,8 +84,9 @@ def make_run_dir(run_dir: Path) -> None:
             f"run_dir {run_dir} is a file, not a directory. HINT: pass another run_dir=PATH, or move the file away."
         ) from err
     except NotADirectoryError as err:
+        file = next((p for p in run_dir.parents if p.is_file()), run_dir.parent)
         raise ConfigError(
-            f"run_dir {run_dir} lies under a file ({err.filename}). HINT: pass a run_dir=PATH under a directory."
+            f"run_dir {run_dir} lies under {file}, which is a file. HINT: pass a run_dir=PATH under a directory."
         ) from err
     except OSError as err:
         raise ConfigError(

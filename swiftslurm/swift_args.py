@@ -294,9 +294,9 @@ def value_error(name: str, value: Any, command: str, version: str | None = None)
     choices = [str(c) for c in spec.choices or literal_choices(spec.type) or () if c is not None]
     for item in values:
         if choices and str(item) not in choices:
-            close = difflib.get_close_matches(str(item), choices, n=1)
+            close = [c for c in choices if c.startswith(str(item))] or difflib.get_close_matches(str(item), choices, 1)
             fix = f"Did you mean `swift.{name}={close[0]}`? " if close else ""
-            return f"swift.{name}={item!r} is not one of {where}'s choices. {fix}HINT: one of: {', '.join(choices)}."
+            return f"swift.{name}={item!r} is not a value {where} accepts. {fix}HINT: one of: {', '.join(choices)}."
         if not choices and not _fits(kind, item):
             return (
                 f"swift.{name}={item!r} is not {_SCALARS[kind or 'bool']}, as {where} requires. {_example(name, spec)}"
@@ -307,7 +307,7 @@ def value_error(name: str, value: Any, command: str, version: str | None = None)
 def _example(name: str, spec: ArgSpec) -> str:
     kind, _ = _shape(spec.type)
     default = spec.default if spec.default not in (None, "None") else {"int": "10", "float": "1e-4"}.get(kind or "")
-    return f"HINT: e.g. swift.{name}={default or 'true'}."
+    return f"HINT: e.g. swift.{name}={(default or 'true').lower() if kind == 'bool' else default}."
 
 
 # ----------------------------------------------------------------------- generation

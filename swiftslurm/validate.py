@@ -183,7 +183,10 @@ def check_choices(cfg: Config) -> None:
     _check_storage(cfg)
     _check_no_secrets(cfg)
     if cfg.array_parallelism < 0:
-        raise ConfigError(f"array_parallelism={cfg.array_parallelism}: 0 (a job per point) or the most points at once.")
+        raise ConfigError(
+            f"array_parallelism={cfg.array_parallelism} is negative. HINT: 0 submits a job per sweep point; N submits "
+            "one job array with at most N points running at once."
+        )
     check_counts(cfg)
     check_sbatch_extra(cfg.cluster.sbatch)
     check_env_names(cfg.cluster.env)
@@ -247,7 +250,9 @@ def _check_storage(cfg: Config) -> None:
     check_positive("storage.max_attempts", storage.max_attempts)
     check_positive("storage.max_concurrency", storage.max_concurrency)
     if storage.keep < 0:
-        raise ConfigError(f"storage.keep={storage.keep}: keep the newest K remote checkpoints (0 keeps all).")
+        raise ConfigError(
+            f"storage.keep={storage.keep} is negative. HINT: keep the newest K remote checkpoints, 0 all."
+        )
 
 
 def _check_no_secrets(cfg: Config) -> None:
