@@ -11,6 +11,7 @@ Operating runs: `python -m swiftslurm status|logs|cancel|resume|preflight ...` (
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -19,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from swiftslurm import rundir
 from swiftslurm.config import Config, open_dict_overrides, register_configs
 from swiftslurm.errors import ConfigError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, PlanContext, make_plan, save_budget_warning
 from swiftslurm.report import dry_run_report, result_summary
+from swiftslurm.sweep import discard_unplanned_sweeps
 
 if TYPE_CHECKING:
     import submitit
@@ -34,10 +36,15 @@ POLL_S = 2.0
 
 
 def to_config(cfg: DictConfig) -> Config:
+    from swiftslurm import cli_errors
+
+    cli_errors.check_known_keys(cfg)
     try:
         config = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} has no value. HINT: set {err.full_key}=VALUE.") from err
+    except InterpolationResolutionError as err:
+        raise ConfigError(cli_errors.interpolation_message(err)) from err
     assert isinstance(config, Config)  # the root schema guarantees it
     return config
 
@@ -157,13 +164,12 @@ def _record_point(sweep: Path | None, plan: JobPlan, action: str, job_id: str | 
     record_point(sweep, {**point, "run_dir": plan.run_dir, "job_id": job_id, "action": action})
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+@hydra.main(version_base=None, config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     try:
         code = run(cfg)
     except SwiftSlurmError as err:
-        print(f"swiftslurm: error: {err}", file=sys.stderr)
-        code = 2
+        code = refuse(str(err))
     if code:
         sys.exit(code)
 
@@ -184,9 +190,45 @@ def main() -> None:
         module = importlib.import_module(OPERATIONS[sys.argv[1]])
         args = sys.argv[2:] if module.__name__ != "swiftslurm.ops" else sys.argv[1:]
         sys.exit(module.main(args))
+    sys.exit(compose_and_run(sys.argv[1:]))
+
+
+def compose_and_run(args: list[str]) -> int:
+    """Hydra composes the config and calls `run`; its errors about the command line become one line, exit 2.
+    HYDRA_FULL_ERROR makes Hydra raise them instead of printing its own report and exiting 1; a user who set it
+    gets Hydra's full traceback, as Hydra documents."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from swiftslurm import cli_errors
+
+    flag = next((a for a in args if a.startswith("-") and not cli_errors.HYDRA_FLAGS.match(a)), None)
+    if flag is not None:
+        return refuse(cli_errors.flag_message(flag))
     register_configs()
-    sys.argv[1:] = open_dict_overrides(sys.argv[1:])
-    hydra_main()
+    sys.argv[1:] = open_dict_overrides(args)
+    user_asked_for_traceback = "HYDRA_FULL_ERROR" in os.environ
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    code: int | str | None = 0
+    try:
+        hydra_main()
+    except SystemExit as stop:
+        code = stop.code
+    except (HydraException, OmegaConfBaseException) as err:
+        if user_asked_for_traceback:
+            raise
+        code = refuse(cli_errors.hydra_error_message(err, args))
+    finally:
+        if not user_asked_for_traceback:
+            del os.environ["HYDRA_FULL_ERROR"]
+    if code == 2:
+        discard_unplanned_sweeps()  # a refused `-m` leaves no trace, like a refused run
+    return code if isinstance(code, int) else 1
+
+
+def refuse(message: str) -> int:
+    print(f"swiftslurm: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -264,7 +264,8 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     validate.check_run_name(run_name)
     run_dir = _run_dir(cfg, run_name, ctx)
     python = cfg.cluster.python or ctx.python
-    validate.check_paths(cfg, topology)
+    validate.check_paths(cfg, topology, ctx.cwd)
+    validate.check_master_port(cfg.cluster.master_port_base, PORT_SPAN)
     swift_args = _swift_args(cfg, topology, parallel, batch, run_dir, ctx)
     validate.check_swift_args(cfg, swift_args)
     return JobPlan(

@@ -31,8 +31,9 @@ def describe_plan(plan: JobPlan) -> str:
     ]
     if plan.slurm:
         spec = plan.slurm
+        limit = f"{spec.time_min} min" if spec.time_min else "no limit"
         lines.append(
-            f"slurm       partition {spec.partition}, time {spec.time} ({spec.time_min} min), "
+            f"slurm       partition {spec.partition}, time {spec.time} ({limit}), "
             f"signal {spec.signal}, gpus/node {spec.gpus or 0}"
         )
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from swiftslurm import rundir, slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError
 from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.render import render_sbatch
+from swiftslurm.validate import NO_TIME_LIMIT
 
 if TYPE_CHECKING:
     import submitit
@@ -32,8 +33,15 @@ def write_atomic(path: Path, text: str) -> None:
 
 def check_same_run(plan: JobPlan, existing: Path) -> None:
     """A run dir continues its own run only: refuse one planned with different training settings."""
-    old, new = JobPlan.load(existing).identity_facts(), plan.identity_facts()
-    changed = [name for name in new if old.get(name) != new[name]]
+    try:
+        old = JobPlan.load(existing)
+    except (OSError, ValueError, TypeError) as err:  # half-written, edited by hand, or not a file
+        raise ConfigError(
+            f"run_dir {plan.run_dir} holds a {existing.name} that cannot be read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:80]}). HINT: pass a new run_dir=PATH, or move the old directory away."
+        ) from err
+    old_facts, new_facts = old.identity_facts(), plan.identity_facts()
+    changed = [name for name in new_facts if old_facts.get(name) != new_facts[name]]
     if changed:
         raise ConfigError(
             f"run_dir {plan.run_dir} holds a run planned with different {', '.join(changed)}; re-using it "
@@ -49,18 +57,40 @@ def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
     are the user's own); plan.sha256 lets the nodes check that they run this plan."""
     run_dir = Path(plan.run_dir)
     plan_path = rundir.plan_file(run_dir)
-    if plan_path.is_file():
+    if plan_path.exists():
         check_same_run(plan, plan_path)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # never wider than the owner's, even for a moment
-    os.chmod(run_dir, rundir.RUN_DIR_MODE)
-    rundir.logs_dir(run_dir).mkdir(exist_ok=True)
+    sbatch = render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+    make_run_dir(run_dir)
     write_atomic(run_dir / rundir.CONFIG, config_yaml)
     plan_text = plan.to_json()
     write_atomic(plan_path, plan_text)
     write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n")
-    if plan.slurm is not None:
-        write_atomic(run_dir / rundir.SBATCH, render_sbatch(plan))
+    if sbatch is not None:
+        write_atomic(run_dir / rundir.SBATCH, sbatch)
     return run_dir
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """The run dir and logs/, RUN_DIR_MODE whatever the umask; a path that cannot be one is refused, not a traceback
+    (nothing was written: the first write is this mkdir)."""
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # never wider than the owner's, even for a moment
+        os.chmod(run_dir, rundir.RUN_DIR_MODE)
+        rundir.logs_dir(run_dir).mkdir(exist_ok=True)
+    except FileExistsError as err:
+        raise ConfigError(
+            f"run_dir {run_dir} is a file, not a directory. HINT: pass another run_dir=PATH, or move the file away."
+        ) from err
+    except NotADirectoryError as err:
+        file = next((p for p in run_dir.parents if p.is_file()), run_dir.parent)
+        raise ConfigError(
+            f"run_dir {run_dir} lies under {file}, which is a file. HINT: pass a run_dir=PATH under a directory."
+        ) from err
+    except OSError as err:
+        raise ConfigError(
+            f"run_dir {run_dir} cannot be created here ({err.strerror}): it must be on a writable filesystem "
+            "the nodes share. HINT: pass run_dir=PATH on one (e.g. under $HOME or your scratch space)."
+        ) from err
 
 
 def executor_parameters(plan: JobPlan) -> dict[str, Any]:
@@ -71,6 +101,8 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
     extra: dict[str, Any] = {"requeue": True, "open-mode": "append", **dict(spec.extra)}
     if spec.gpus:
         extra["gpus-per-node"] = spec.gpus
+    if spec.time_min == NO_TIME_LIMIT:
+        extra["time"] = spec.time  # submitit writes --time from timeout_min; its extras win
     params: dict[str, Any] = {
         "name": spec.job_name,
         "nodes": plan.topology.nodes,

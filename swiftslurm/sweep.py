@@ -13,11 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.rundir import SUBMITIT, plan_file
 from swiftslurm.runs import read_json
 
 SWEEP_FILE = "sweep.json"  # in the sweep folder, beside its run directories
+HYDRA_RECORD = "multirun.yaml"  # what Hydra writes into the sweep folder before the first point is planned
+# Sweep folders this process started, each with the outermost folder Hydra had to create for it
+# (SweepCallback.on_multirun_start); a sweep refused before any point was planned removes them again.
+_STARTED: list[tuple[Path, Path | None]] = []
 
 
 def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
@@ -72,6 +77,50 @@ def submit_planned(sweep_dir: Path, parallelism: int) -> list[str]:
     return job_ids
 
 
+def discard_unplanned_sweeps() -> None:
+    """Remove what Hydra wrote for a sweep that was refused before any point was planned (no sweep.json):
+    its multirun.yaml and the empty folders Hydra created for it. Nothing else is touched."""
+    while _STARTED:
+        sweep_dir, created = _STARTED.pop()
+        if (sweep_dir / SWEEP_FILE).exists():
+            continue
+        (sweep_dir / HYDRA_RECORD).unlink(missing_ok=True)
+        if created is None:
+            continue
+        for folder in (sweep_dir, *sweep_dir.parents):
+            if not folder.is_dir() or any(folder.iterdir()):
+                break
+            folder.rmdir()
+            if folder == created:
+                break
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet; None when ``path`` exists."""
+    if path.exists():
+        return None
+    missing = path
+    for parent in path.parents:
+        if parent.exists():
+            break
+        missing = parent
+    return missing
+
+
+def _report_unsubmitted(sweep_dir: Path, err: Exception) -> None:
+    """An array sbatch failed: name the points left unsubmitted and exit 2 (Hydra turns a callback's exception
+    into a warning and exits 0, so the failure would go unseen)."""
+    points = (read_json(sweep_dir / SWEEP_FILE) or {}).get("points", [])
+    left = [str(p.get("run_name")) for p in points if p.get("action") == "planned"]
+    print(
+        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {', '.join(left) or 'none'}. "
+        "HINT: fix the cause and run the same command again: it submits the points not submitted yet "
+        "and leaves the others alone.",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
 class SweepCallback:
     """Hydra callback (conf/config.yaml), at the end of a `-m` sweep: submits the points planned for a job
     array (`array_parallelism=N`), then, with `wait=true`, waits for every point and prints the status
@@ -79,12 +128,19 @@ class SweepCallback:
 
     POLL_S = 5.0
 
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        _STARTED.append((sweep_dir, _first_missing(sweep_dir)))
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if config.get("dry_run"):
             return
         path = Path(config.hydra.sweep.dir).resolve()
         if config.get("array_parallelism"):
-            submit_planned(path, int(config.array_parallelism))
+            try:
+                submit_planned(path, int(config.array_parallelism))
+            except SwiftSlurmError as err:
+                _report_unsubmitted(path, err)
         if not config.get("wait"):
             return
         from swiftslurm.runs import FINAL_STATES

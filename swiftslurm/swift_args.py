@@ -69,10 +69,13 @@ RENAMED: dict[str, str] = {
 
 
 class ArgSpec(NamedTuple):
-    """One `--name` option: its annotation and the repr() of its default (None: required)."""
+    """One `--name` option: its annotation, the repr() of its default (None: required) and the values its parser
+    accepts (None: any of its type). Choices are what HfArgumentParser derives from a Literal or Enum annotation;
+    tables generated before they were recorded carry none, and Literal annotations still give them."""
 
     type: str
     default: str | None
+    choices: tuple[Any, ...] | None = None
 
 
 # --------------------------------------------------------------------------- plan time
@@ -156,8 +159,13 @@ def _expand(data: dict[str, Any]) -> dict[str, dict[str, ArgSpec]]:
     for command, entry in data["commands"].items():
         own = entry.get("overrides", {})
         names = entry["names"] if "names" in entry else data["commands"][entry["same_names_as"]]["names"]
-        specs[command] = {name: ArgSpec(*own.get(name, shared[name])) for name in names}
+        specs[command] = {name: _spec(own.get(name, shared[name])) for name in names}
     return specs
+
+
+def _spec(row: list[Any]) -> ArgSpec:
+    """[type, default] or [type, default, choices] from the JSON file."""
+    return ArgSpec(row[0], row[1], tuple(row[2]) if len(row) > 2 and row[2] is not None else None)
 
 
 def normalize_command(command: str) -> str:
@@ -232,6 +240,76 @@ def unknown_arg_message(name: str, command: str, version: str | None = None) -> 
     return f"{msg}; did you mean {' or '.join(repr(h) for h in hints)}?"
 
 
+# Values HfArgumentParser's string_to_bool accepts (transformers.hf_argparser), any case.
+BOOL_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
+_SCALARS = {"bool": "true or false", "int": "a whole number (int)", "float": "a number (float)"}
+
+
+def _shape(annotation: str) -> tuple[str | None, bool]:
+    """(scalar kind: 'bool' | 'int' | 'float' | None for anything else, whether it takes several values)."""
+    text = re.sub(r"^Optional\[(.*)\]$", r"\1", annotation.replace(" ", "")).removesuffix("|None")
+    several = re.match(r"^(List|list|Sequence|Tuple|tuple)\[(.*)\]$", text)
+    inner = several.group(2).removesuffix(",...") if several else text
+    return (inner if inner in _SCALARS else None), bool(several)
+
+
+def literal_choices(annotation: str) -> tuple[Any, ...] | None:
+    """The values of a `Literal[...]` annotation (AST-read tables record no choices of their own)."""
+    found = re.search(r"Literal\[(.*?)\]", annotation)
+    if not found:
+        return None
+    try:
+        values = ast.literal_eval(f"({found.group(1)},)")
+    except (ValueError, SyntaxError):
+        return None
+    return tuple(values)
+
+
+def _fits(kind: str | None, value: Any) -> bool:
+    """Whether the parser reads ``value``, as swiftslurm renders it into argv, as ``kind``."""
+    text = "true" if value is True else "false" if value is False else str(value)
+    if kind == "bool":
+        return text.lower() in BOOL_WORDS
+    parse = {"int": int, "float": float}.get(kind or "")
+    if parse is None:
+        return True
+    try:
+        parse(text)
+    except ValueError:
+        return False
+    return True
+
+
+def value_error(name: str, value: Any, command: str, version: str | None = None) -> str | None:
+    """Why ms-swift's parser would refuse ``swift.<name>=value`` (its type and choices), or None. A value that
+    fails here would stop the job after its queue wait, at ms-swift's argument parsing."""
+    spec = arg_specs(command, version).get(name)
+    if spec is None or isinstance(value, dict):
+        return None
+    kind, several = _shape(spec.type)
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    where = f"ms-swift {version or installed_version()} `{normalize_command(command)}` ({spec.type})"
+    if len(values) > 1 and not several:
+        return f"swift.{name}={value} gives several values, but {where} takes one. HINT: give one value."
+    choices = [str(c) for c in spec.choices or literal_choices(spec.type) or () if c is not None]
+    for item in values:
+        if choices and str(item) not in choices:
+            close = [c for c in choices if c.startswith(str(item))] or difflib.get_close_matches(str(item), choices, 1)
+            fix = f"Did you mean `swift.{name}={close[0]}`? " if close else ""
+            return f"swift.{name}={item!r} is not a value {where} accepts. {fix}HINT: one of: {', '.join(choices)}."
+        if not choices and not _fits(kind, item):
+            return (
+                f"swift.{name}={item!r} is not {_SCALARS[kind or 'bool']}, as {where} requires. {_example(name, spec)}"
+            )
+    return None
+
+
+def _example(name: str, spec: ArgSpec) -> str:
+    kind, _ = _shape(spec.type)
+    default = spec.default if spec.default not in (None, "None") else {"int": "10", "float": "1e-4"}.get(kind or "")
+    return f"HINT: e.g. swift.{name}={(default or 'true').lower() if kind == 'bool' else default}."
+
+
 # ----------------------------------------------------------------------- generation
 
 
@@ -261,7 +339,23 @@ def _extract(module: str, cls_name: str) -> tuple[dict[str, ArgSpec], str]:
 
 
 def _dataclass_specs(cls: type) -> dict[str, ArgSpec]:
-    return {f.name: _field_spec(f) for f in dataclasses.fields(cls) if f.init}
+    choices = _parser_choices(cls)
+    return {f.name: _field_spec(f)._replace(choices=choices.get(f.name)) for f in dataclasses.fields(cls) if f.init}
+
+
+def _parser_choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """{name: choices} as the parser ms-swift uses (transformers' HfArgumentParser) builds them: from Literal
+    annotations and from Enums such as `optim`'s OptimizerNames, which the annotation's text does not list."""
+    from transformers import HfArgumentParser
+
+    # HfArgumentParser rewrites the annotations of the (shared, inherited) Field objects in place.
+    annotations = [(f, f.type) for f in dataclasses.fields(cls)]
+    try:
+        parser = HfArgumentParser([cls])  # type: ignore[list-item]  # ms-swift's argument classes are dataclasses
+    finally:
+        for f, annotation in annotations:
+            f.type = annotation
+    return {a.dest: tuple(a.choices) for a in parser._actions if a.choices and a.dest != "help"}
 
 
 def _field_spec(f: dataclasses.Field[Any]) -> ArgSpec:
@@ -446,7 +540,7 @@ def _compact(commands: dict[str, dict[str, ArgSpec]], sources: dict[str, str], v
             shared.setdefault(name, spec)
     entries: dict[str, dict[str, Any]] = {}
     for command, specs in commands.items():
-        overrides = {n: list(s) for n, s in sorted(specs.items()) if s != shared[n]}
+        overrides = {n: _row(s) for n, s in sorted(specs.items()) if s != shared[n]}
         module, cls_name = COMMANDS[command]
         entry: dict[str, Any] = {"class": f"{module}.{cls_name}", "extracted_by": sources[command]}
         if overrides:
@@ -463,8 +557,14 @@ def _compact(commands: dict[str, dict[str, ArgSpec]], sources: dict[str, str], v
         "ms_swift_version": version,
         "generated_by": "python -m swiftslurm.swift_args --generate",
         "commands": entries,
-        "args": {n: list(s) for n, s in sorted(shared.items())},
+        "args": {n: _row(s) for n, s in sorted(shared.items())},
     }
+
+
+def _row(spec: ArgSpec) -> list[Any]:
+    """An ArgSpec as the JSON file stores it: [type, default], plus the choices where the parser has some."""
+    row = [spec.type, spec.default]
+    return [*row, list(spec.choices)] if spec.choices is not None else row
 
 
 def write_specs(data: dict[str, Any], path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import secrets
@@ -23,6 +24,9 @@ SCHEDULERS = ("local", "slurm")
 LAUNCHERS = ("swift", "megatron")
 COMMANDS = {"swift": ("sft", "pt", "rlhf"), "megatron": ("sft", "pt", "rlhf")}
 VLLM_MODES = ("colocate", "server")
+MAX_PORT = 65535
+S3_MIN_PART_MB = 5  # S3's smallest multipart part (every part but the last)
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
@@ -32,9 +36,59 @@ def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
         raise ConfigError(f"{field}={value!r} is not known.{did_you_mean(str(value), valid)} {one_of(valid)}")
 
 
-def check_positive(field: str, value: int) -> None:
+def check_positive(field: str, value: float) -> None:
     if value < 1:
         raise ConfigError(f"{field}={value} must be at least 1. HINT: set {field}=1 or more.")
+
+
+def check_not_negative(field: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{field}={value} is negative. HINT: set {field}=0 or more.")
+
+
+def check_counts(cfg: Config) -> None:
+    """Counts, sizes and durations a typo can make negative or zero, where SLURM, ms-swift or the node side
+    would take the value as given (a negative GPU count, a zero time-out)."""
+    cluster, res = cfg.cluster, cfg.resilience
+    check_not_negative("cluster.gpus_per_node", cluster.gpus_per_node)
+    for name, optional in (("cluster.cpus_per_task", cluster.cpus_per_task), ("cluster.mem_gb", cluster.mem_gb)):
+        if optional is not None:
+            check_positive(name, optional)
+    if cfg.global_batch_size is not None:
+        check_positive("global_batch_size", cfg.global_batch_size)
+    check_not_negative("keep_checkpoints", cfg.keep_checkpoints)
+    check_positive("cluster.nccl.timeout_s", cluster.nccl.timeout_s)
+    check_positive("resilience.max_attempts", res.max_attempts)
+    for name in (
+        "max_timeouts",
+        "max_unknown_stops",
+        "max_consecutive_failures",
+        "backoff_base_s",
+        "backoff_max_s",
+        "exclude_host_s",
+        "user_error_window_s",
+    ):
+        check_not_negative(f"resilience.{name}", getattr(res, name))
+    for name in ("startup_timeout_s", "hang_timeout_s"):
+        if getattr(res, name) <= 0:
+            raise ConfigError(f"resilience.{name}={getattr(res, name)} must be positive. HINT: keep the default.")
+    check_port("task.vllm_server_port", cfg.task.vllm_server_port)
+
+
+def check_port(field: str, port: int) -> None:
+    if not 1 <= port <= MAX_PORT:
+        raise ConfigError(f"{field}={port} is not a TCP port. HINT: choose one between 1024 and {MAX_PORT}.")
+
+
+def check_master_port(base: int, span: int) -> None:
+    """Each job listens on base + job id mod span: every port of that range must exist and be unprivileged."""
+    highest = MAX_PORT - span + 1
+    if not 1024 <= base <= highest:
+        raise ConfigError(
+            f"cluster.master_port_base={base}: jobs use ports {base} to {base + span - 1} (base + job id mod "
+            f"{span}), which must lie in 1024..{MAX_PORT}. HINT: set cluster.master_port_base between 1024 and "
+            f"{highest}."
+        )
 
 
 def check_preflight(timeout_s: float, min_free_gb: float | None) -> None:
@@ -44,6 +98,75 @@ def check_preflight(timeout_s: float, min_free_gb: float | None) -> None:
         raise ConfigError(
             f"preflight_min_free_gb={min_free_gb} is negative. HINT: set it to 0 or more, or null for the estimate."
         )
+
+
+# #SBATCH options swiftslurm writes itself (render.sbatch_directives), long and short spellings, with the
+# setting that owns each; a second copy from cluster.sbatch would contradict the first.
+MANAGED_SBATCH = {
+    "nodes": "cluster.nodes",
+    "N": "cluster.nodes",
+    "ntasks-per-node": None,
+    "ntasks": None,
+    "n": None,  # one wrapper per node starts the node's ranks
+    "cpus-per-task": "cluster.cpus_per_task",
+    "c": "cluster.cpus_per_task",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus": "cluster.gpus_per_node",
+    "G": "cluster.gpus_per_node",
+    "mem": "cluster.mem_gb",
+    "partition": "cluster.partition",
+    "p": "cluster.partition",
+    "account": "cluster.account",
+    "A": "cluster.account",
+    "qos": "cluster.qos",
+    "q": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "C": "cluster.constraint",
+    "exclude": "cluster.exclude",
+    "x": "cluster.exclude",
+    "time": "cluster.time",
+    "t": "cluster.time",
+    "signal": "cluster.signal_lead_s",
+    "job-name": "run_name",
+    "J": "run_name",
+    "chdir": "run_dir",
+    "D": "run_dir",
+    "output": None,
+    "o": None,
+    "error": None,
+    "e": None,
+    "open-mode": None,  # logs/ in the run dir
+    "requeue": None,
+    "no-requeue": None,  # the node side decides requeues
+    "array": "array_parallelism",
+    "a": "array_parallelism",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_sbatch_extra(sbatch: Mapping[str, Any]) -> None:
+    for key in sbatch:
+        option = str(key).lstrip("-")
+        option = option if len(option) == 1 else option.replace("_", "-")
+        if option not in MANAGED_SBATCH:
+            continue
+        home = MANAGED_SBATCH[option]
+        fix = f"set {home} instead" if home else "remove it; logs go to the run dir and requeues are swiftslurm's"
+        if home == "array_parallelism":
+            fix = "sweep with -m and set array_parallelism=N instead"
+        raise ConfigError(
+            f"cluster.sbatch.{key} duplicates #SBATCH --{option}, which swiftslurm writes itself"
+            f"{f' from {home}' if home else ''}. HINT: {fix}."
+        )
+
+
+def check_env_names(env: Mapping[str, Any]) -> None:
+    for name in env:
+        if not _ENV_NAME.match(str(name)):
+            raise ConfigError(
+                f"cluster.env.{name} is not an environment variable name. HINT: use letters, digits and _, "
+                "not starting with a digit."
+            )
 
 
 def check_choices(cfg: Config) -> None:
@@ -60,7 +183,15 @@ def check_choices(cfg: Config) -> None:
     _check_storage(cfg)
     _check_no_secrets(cfg)
     if cfg.array_parallelism < 0:
-        raise ConfigError(f"array_parallelism={cfg.array_parallelism}: 0 (a job per point) or the most points at once.")
+        raise ConfigError(
+            f"array_parallelism={cfg.array_parallelism} is negative. HINT: 0 submits a job per sweep point; N submits "
+            "one job array with at most N points running at once."
+        )
+    check_counts(cfg)
+    check_sbatch_extra(cfg.cluster.sbatch)
+    check_env_names(cfg.cluster.env)
+    if not cfg.dataset:
+        raise ConfigError("dataset=[] names no data. HINT: dataset=[tiny], a hub id or dataset=[/abs/train.jsonl].")
     _check_needs_gpus(cfg)
     _check_vllm(cfg)
     if cfg.cluster.scheduler == "local" and cfg.cluster.nodes != 1:
@@ -100,11 +231,28 @@ def _check_storage(cfg: Config) -> None:
             "storage=s3 needs a bucket. HINT: add storage.bucket=NAME (and storage.endpoint_url=URL for "
             "MinIO, Ceph, SeaweedFS or OSS); credentials come from the usual AWS variables or profile."
         )
-    check_positive("storage.part_size_mb", storage.part_size_mb)
+    if storage.part_size_mb < S3_MIN_PART_MB:
+        raise ConfigError(
+            f"storage.part_size_mb={storage.part_size_mb}: S3 multipart parts are at least {S3_MIN_PART_MB} MiB. "
+            "HINT: set storage.part_size_mb=16 (8-16 survive flaky links)."
+        )
+    check_not_negative("storage.wait_at_exit_s", storage.wait_at_exit_s)
+    if storage.bucket and not _BUCKET.match(storage.bucket):
+        raise ConfigError(
+            f"storage.bucket={storage.bucket!r} is not a bucket name. HINT: give the name only (storage.bucket=NAME),"
+            " the key prefix in storage.prefix=PATH and the server in storage.endpoint_url=URL."
+        )
+    if storage.endpoint_url and not storage.endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"storage.endpoint_url={storage.endpoint_url!r} has no scheme. HINT: write it as a URL, e.g. "
+            f"storage.endpoint_url=http://{storage.endpoint_url}."
+        )
     check_positive("storage.max_attempts", storage.max_attempts)
     check_positive("storage.max_concurrency", storage.max_concurrency)
     if storage.keep < 0:
-        raise ConfigError(f"storage.keep={storage.keep}: keep the newest K remote checkpoints (0 keeps all).")
+        raise ConfigError(
+            f"storage.keep={storage.keep} is negative. HINT: keep the newest K remote checkpoints, 0 all."
+        )
 
 
 def _check_no_secrets(cfg: Config) -> None:
@@ -191,23 +339,43 @@ def _is_hub_id(value: str) -> bool:
     return not value.split("#")[0].endswith((".json", ".jsonl", ".csv", ".txt", ".parquet"))
 
 
-def check_paths(cfg: Config, topology: Topology) -> None:
-    """Relative local paths break on multi-node runs: other nodes start in other directories."""
-    if topology.nodes == 1:
-        return
+def check_paths(cfg: Config, topology: Topology, cwd: Path) -> None:
+    """Local paths must be absolute: ms-swift starts in the run directory, and other nodes in theirs. An absolute
+    path on a filesystem the login node sees (its top directory exists here) must exist; one on a filesystem
+    only the nodes mount is left to preflight."""
     candidates = [("model.id", cfg.model.id)] + [("dataset", d) for d in cfg.dataset]
+    if cfg.cluster.python:
+        candidates.append(("cluster.python", cfg.cluster.python))
     for field, value in candidates:
-        if (
-            value == "tiny"
-            or (field == "dataset" and value in TINY_DATASETS)
-            or value.startswith("/")
-            or _is_hub_id(value)
-        ):
+        if value == "tiny" or (field == "dataset" and value in TINY_DATASETS):
             continue
+        path = value.split("#")[0] if field == "dataset" else value
+        if path.startswith("/"):
+            _check_exists(field, value, Path(path))
+        elif field == "cluster.python" and "/" not in path:
+            continue  # a command found on the nodes' PATH
+        elif not _is_hub_id(value) or (cwd / path).exists():
+            raise ConfigError(_relative_path_message(field, value, path, topology.nodes, cwd))
+
+
+def _check_exists(field: str, value: str, path: Path) -> None:
+    top = Path(*path.parts[:2])
+    if top != path and top.exists() and not path.exists():
         raise ConfigError(
-            f"{field}={value!r} is a relative path on a {topology.nodes}-node run; nodes may not share the "
-            f"login node's working directory. HINT: give an absolute path on a shared filesystem."
+            f"{field}={value!r} does not exist ({top} is visible here, so the nodes would not find it either). "
+            f"HINT: fix the path, or create {path.name} first."
         )
+
+
+def _relative_path_message(field: str, value: str, path: str, nodes: int, cwd: Path) -> str:
+    where = "ms-swift runs in the run directory" if nodes == 1 else "nodes may not share this working directory"
+    absolute = (cwd / path).resolve()
+    example = f"{absolute}" if absolute.exists() else "/shared/path/to/it"
+    shown = f"[{example}]" if field == "dataset" else example
+    return (
+        f"{field}={value!r} is a relative path on a {nodes}-node run; {where}, not {cwd}. "
+        f"HINT: give an absolute path: {field}={shown}."
+    )
 
 
 def check_not_managed(user_args: Mapping[str, Any], managed: Iterable[str]) -> None:
@@ -256,7 +424,8 @@ def check_not_planned(swift: Mapping[str, Any]) -> None:
 
 
 def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
-    """Every argument must exist in the installed ms-swift: a typo must not cost a queue wait."""
+    """Every argument must exist in the installed ms-swift, and every value the configuration gives must be one
+    ms-swift's parser reads (its type and choices): a typo must not cost a queue wait."""
     from swiftslurm import swift_args
 
     command = f"{cfg.task.launcher} {cfg.task.command}"
@@ -266,14 +435,28 @@ def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
             hint = swift_args.suggest(name, command)
             fix = f" Did you mean `swift.{hint}`?" if hint else f" HINT: see `{command} --help`."
             raise ConfigError(f"swift.{name} is not an argument of `{command}` in the installed ms-swift.{fix}")
+    given = {
+        k
+        for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift)
+        for k in extra
+    }
+    for name in sorted(given & set(args)):
+        if (why := swift_args.value_error(name, args[name], command)) is not None:
+            raise ConfigError(why)
+
+
+NO_TIME_LIMIT = 0  # parse_slurm_time of UNLIMITED or INFINITE, SLURM's spellings of "no limit"
 
 
 def parse_slurm_time(text: str) -> int:
-    """SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> whole minutes, rounded up."""
+    """SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> whole minutes, rounded up;
+    UNLIMITED or INFINITE (any case) -> NO_TIME_LIMIT."""
+    if str(text).strip().upper() in ("UNLIMITED", "INFINITE"):
+        return NO_TIME_LIMIT
     match = _SLURM_TIME.match(str(text).strip())
     if not match:
         raise ConfigError(
-            f"cluster.time={text!r} is not a SLURM time limit. HINT: use MM, HH:MM:SS or D-HH:MM:SS, "
+            f"cluster.time={text!r} is not a SLURM time limit. HINT: use MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED, "
             "e.g. cluster.time=4:00:00 or cluster.time=1-12:00:00."
         )
     days, a, b, c = match.groups()
@@ -289,7 +472,7 @@ def parse_slurm_time(text: str) -> int:
 
 
 def check_signal_lead(lead_s: int, time_min: int) -> None:
-    if not 0 < lead_s < time_min * 60:
+    if lead_s < 1 or (time_min != NO_TIME_LIMIT and lead_s >= time_min * 60):
         raise ConfigError(
             f"cluster.signal_lead_s={lead_s} must be between 1 and the time limit ({time_min * 60} s). "
             "HINT: the default 120 leaves room to save; lower it for very short test limits."

@@ -1,0 +1,175 @@
+"""Bad input is refused before the queue, in one line that names the fix (issue 14, item 10).
+
+The corpus is data: tests/data/bad_inputs.yaml. Every refused case runs the real command line in this process
+(Hydra composes conf/, swiftslurm plans, writes the run dir unless it refuses) and must exit 2 with at most
+12 lines of output, no traceback, a message naming the field and the fix, and nothing written. A few run as
+real subprocesses to prove the exit status and the streams as a shell sees them. Accepted cases must plan, and
+their values reach the run dir exactly as given (quoted where a shell reads them).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from swiftslurm.__main__ import main
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import display_command, swift_command
+from swiftslurm.submit import make_executor
+from tests.conftest import REPO, plan_for
+
+CORPUS = yaml.safe_load((REPO / "tests" / "data" / "bad_inputs.yaml").read_text())
+MAX_LINES = 12
+
+
+def split(args: str | list[str]) -> list[str]:
+    """A case's argv: a string is split like a shell line; a list is the argv itself."""
+    return shlex.split(args) if isinstance(args, str) else list(args)
+
+
+def case_id(case: dict[str, Any]) -> str:
+    return f"{case.get('category', 'ok')}: {' '.join(split(case['args']))}"
+
+
+def prepare(case: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The case's argv (with {tmp} filled in, dry_run=true and a run dir under tmp unless given) and its setup."""
+    setup = case.get("setup")
+    if setup == "file":
+        (tmp / "afile").write_text("not a directory\n")
+    elif setup == "corrupt_plan":
+        (tmp / "corrupt").mkdir()
+        (tmp / "corrupt" / "plan.json").write_text('{"version": 1, "run_name": ')
+    elif setup == "plan_is_dir":
+        (tmp / "plandir" / "plan.json").mkdir(parents=True)
+    elif setup == "dataset":
+        (tmp / "train.jsonl").write_text('{"messages": []}\n')
+    elif setup == "models_dir":
+        (tmp / "models" / "qwen").mkdir(parents=True)
+    if case.get("unset"):
+        monkeypatch.delenv(case["unset"], raising=False)
+    args = [a.replace("{tmp}", str(tmp)) for a in split(case["args"])]
+    if not any(a.lstrip("+").startswith("run_dir=") for a in args):
+        args.append(f"run_dir={tmp / 'run'}")
+    return [*args, "dry_run=true"]
+
+
+def snapshot(root: Path) -> dict[str, float]:
+    """Every file and directory under root, with its modification time, except Hydra's own sweep folders while
+    they hold no file: Hydra creates them before the first point of a `-m` is planned."""
+    sweeps = root / "runs" / "sweeps"
+
+    def counted(path: Path) -> bool:
+        in_sweeps = path == sweeps.parent or sweeps in (path, *path.parents)
+        return not (path.is_dir() and in_sweeps and not any(p.is_file() for p in path.rglob("*")))
+
+    return {str(p): p.stat().st_mtime for p in root.rglob("*") if counted(p)}
+
+
+def run_in_process(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["swiftslurm", *argv])
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's working directory: relative paths, runs/ and Hydra's sweep folders land here."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SWIFTSLURM_RUNS", str(tmp_path / "runs"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", CORPUS["refused"], ids=case_id)
+def test_bad_input_is_refused_in_one_line_naming_the_fix(
+    case: dict[str, Any], workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = prepare(case, workdir, monkeypatch)
+    before = snapshot(workdir)
+    code, output = run_in_process(argv, capsys, monkeypatch)
+    assert code == 2, output
+    assert "Traceback" not in output, output
+    assert len(output.strip().splitlines()) <= MAX_LINES, output
+    message = output.lower()
+    missing = [word for word in case["names"] if word.replace("{tmp}", str(workdir)).lower() not in message]
+    assert not missing, f"message does not name {missing}:\n{output}"
+    assert snapshot(workdir) == before, f"a refused input wrote files:\n{output}"
+
+
+@pytest.mark.parametrize("case", CORPUS["accepted"], ids=case_id)
+def test_legitimate_values_are_accepted_and_reach_the_run_dir_intact(
+    case: dict[str, Any], workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = prepare(case, workdir, monkeypatch)
+    code, output = run_in_process(argv, capsys, monkeypatch)
+    assert code == 0, output
+    run_dir = workdir / "run"
+    written = "\n".join(p.read_text() for p in run_dir.iterdir() if p.is_file())
+    plan = JobPlan.load(run_dir / "plan.json")
+    for text in case["quoted"]:
+        assert text in written or text in plan.swift_argv or text in dict(plan.env).values(), f"{text!r} not written"
+    # What the dry run prints for the user to copy into a shell gives back exactly the argv the nodes run.
+    command = swift_command(plan)
+    assert shlex.split(display_command(command).replace("\\\n", " ")) == command
+
+
+def test_unlimited_time_reaches_sbatch_through_submitit_too(tmp_path: Path) -> None:
+    """job.sbatch says --time=UNLIMITED; the script submitit writes for the same plan must say it too."""
+    plan = plan_for("+cluster=local-slurm", "cluster.time=UNLIMITED", f"run_dir={tmp_path / 'run'}")
+    executor = make_executor(plan, tmp_path / "submitit")
+    script = executor._executor._make_submission_file_text("true", "uid")
+    assert "#SBATCH --time=UNLIMITED" in script and "#SBATCH --time=0" not in script
+
+
+def test_the_corpus_covers_every_category_with_at_least_100_inputs() -> None:
+    categories = {case["category"] for case in CORPUS["refused"]}
+    assert len(CORPUS["refused"]) >= 100
+    for needed in (
+        "unknown option",
+        "typo'd key",
+        "wrong type",
+        "layout",
+        "batch",
+        "slurm time",
+        "path",
+        "ms-swift typo",
+        "ms-swift value",
+        "managed",
+        "hostile",
+        "secret",
+        "storage",
+        "hydra syntax",
+        "sweep",
+        "run dir",
+    ):
+        assert needed in categories
+
+
+SUBPROCESS_CASES = ["+cluster.node=4", "dry_run", "run_dir={tmp}/afile"]
+
+
+@pytest.mark.parametrize("args", SUBPROCESS_CASES)
+def test_a_shell_sees_exit_2_and_one_line_on_stderr(args: str, tmp_path: Path) -> None:
+    case = next(c for c in CORPUS["refused"] if c["args"] == args)
+    if case.get("setup") == "file":
+        (tmp_path / "afile").write_text("")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in split(args)] + ["dry_run=true"]
+    done = subprocess.run(
+        [sys.executable, "-m", "swiftslurm", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("swiftslurm: error: ") and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "runs").exists()
