@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,13 @@ SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkp
 LAST_FAILURES = 5  # failures kept in sync.json
 
 
-def restore(spec: StorageSpec, output_dir: Path) -> Path | None:
+def restore(spec: StorageSpec, output_dir: Path, store: CheckpointStore | None = None) -> Path | None:
     """Before training: fetch the newest remote checkpoint if it is newer than every committed local one
-    (a wiped scratch disk, a new cluster). Returns what was downloaded, or None."""
+    (a wiped scratch disk, a new cluster). Returns what was downloaded, or None. ``store``: the caller's,
+    to `cancel` the download from another thread."""
     local, _ = newest_committed(output_dir)
     local_step = (checkpoint_step(local) or 0) if local else 0
-    return restore_if_newer(CheckpointStore(spec), output_dir, local_step)
+    return restore_if_newer(store if store is not None else CheckpointStore(spec), output_dir, local_step)
 
 
 class NodeSync:
@@ -64,10 +66,11 @@ class NodeSync:
                 self._submitted.add(step)
         self._write_state()
 
-    def drain(self, timeout_s: float) -> list[int]:
-        """Submit the last commits, wait up to ``timeout_s`` for every upload, stop; return the steps not uploaded."""
+    def drain(self, timeout_s: float, left_s: Callable[[], float] | None = None) -> list[int]:
+        """Submit the last commits, wait up to ``timeout_s`` (or less, as ``left_s`` says: Uploader.drain) for
+        every upload, stop; return the steps not uploaded."""
         self.poll(float("inf"))
-        left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0))]
+        left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0), left_s)]
         state = self._write_state()
         if left:
             log.warning(
