@@ -3,13 +3,17 @@
     PREPARE          allocation check, tiny assets; leader: close a lost attempt; preflight (first attempt)
     AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
     TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
-                     (every node then writes its result; only the leader goes on)
+    | SIGNALLED      (every node then writes its result; only the leader goes on); SIGNALLED when a stop
+                     signal came before the resume point was published: no trainer starts, the leader
+                     tells the nodes still waiting and concludes (preempted, timed out: requeue)
     CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json
     FINISH_UPLOADS   leader with object storage: wait (bounded) for this attempt's uploads
     ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here
     DONE
 
-The leader records the phase it enters in status.json ("phase").
+The leader records the phase it enters in status.json ("phase"). The wrapper records stop signals for its
+whole life (supervise.py installs one SignalLog before the first phase); the phases consult it, and the
+leader alone decides what a signal means (conclude.py) and requeues (requeue.py).
 Other nodes always end with exit code 0: with `srun --kill-on-bad-exit` a failing follower would kill the
 leader before it has decided.
 """
@@ -25,15 +29,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from swiftslurm.node import decide, preflight, preflight_checks, records
-from swiftslurm.node.ckpt.checkpoint import ResumePoint
+from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
 from swiftslurm.node.requeue import requeue
-from swiftslurm.node.resume import agree_on_resume
+from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_signalled
+from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
 from swiftslurm.node.storage.sync import NodeSync
+from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir
+from swiftslurm.rundir import attempt_dir, resume_file
 from swiftslurm.tiny import build_tiny_assets
 
 KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time
@@ -44,6 +50,7 @@ class Phase(enum.Enum):
     AGREE_ON_RESUME = "agree_on_resume"
     TRAIN = "train"
     SKIP = "skip"
+    SIGNALLED = "signalled"
     CONCLUDE = "conclude"
     FINISH_UPLOADS = "finish_uploads"
     ACT = "act"
@@ -75,7 +82,9 @@ class Attempt:
     plan: JobPlan
     where: SlurmEnv
     id: str
+    signals: SignalLog
     phase: Phase = Phase.PREPARE
+    started: float = 0.0  # when this attempt began on this node
     retry: int = 0  # attempts retried in this process (no SLURM to requeue with)
     resume: ResumePoint | None = None
     sync: NodeSync | None = None
@@ -87,10 +96,18 @@ class Attempt:
     def leader(self) -> bool:
         return self.where.node_id == 0
 
+    def stopped(self) -> bool:
+        """Whether a stop signal has come that this attempt has not acted on yet."""
+        return bool(self.signals.received)
 
-def run(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult:
-    """Step through the phases until the run is done, stopped, or requeued."""
-    attempt = Attempt(run_dir, plan, where, attempt_id(where))
+
+def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None = None) -> NodeResult:
+    """Step through the phases until the run is done, stopped, or requeued. ``signals``: the wrapper's, already
+    installed (supervise.py); without it, one is installed for this call."""
+    if signals is None:
+        with SignalLog().installed() as installed:
+            return run(run_dir, plan, where, installed)
+    attempt = Attempt(run_dir, plan, where, attempt_id(where), signals, started=time.time())
     while attempt.phase is not Phase.DONE:
         attempt.phase = PHASES[attempt.phase](attempt)
         _record_phase(attempt)
@@ -117,7 +134,8 @@ def _prepare(a: Attempt) -> Phase:
         failure = _preflight(a.run_dir, a.where, a.id)
         if failure is not None and a.leader:
             return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure))
-    return Phase.AGREE_ON_RESUME
+    hold(Phase.PREPARE.value, a.where, a.stopped)
+    return Phase.SIGNALLED if a.stopped() else Phase.AGREE_ON_RESUME
 
 
 def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
@@ -134,7 +152,12 @@ def _stopped(a: Attempt, why: str) -> Phase:
 
 
 def _agree_on_resume(a: Attempt) -> Phase:
-    a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader)
+    hold(Phase.AGREE_ON_RESUME.value, a.where, a.stopped)
+    try:
+        a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.stopped)
+    except Interrupted as why:
+        print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)
+        return Phase.SIGNALLED
     a.sync = NodeSync(a.plan.storage, a.run_dir, a.plan.output_dir) if a.leader and a.plan.storage else None
     # A run whose newest commit is its last step is complete (killed or signalled after that commit):
     # starting the trainer again would train past the plan.
@@ -143,7 +166,7 @@ def _agree_on_resume(a: Attempt) -> Phase:
 
 def _train(a: Attempt) -> Phase:
     assert a.resume is not None
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync)
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals)
     return _trained(a, a.resume, a.observed)
 
 
@@ -151,6 +174,22 @@ def _skip(a: Attempt) -> Phase:
     assert a.resume is not None
     a.observed = nothing_to_train()
     return _trained(a, a.resume, a.observed)
+
+
+def _signalled(a: Attempt) -> Phase:
+    """A stop signal came before training: the nodes still waiting for the resume point are told, nobody
+    trains, and the leader concludes the attempt from the signal like any other (conclude.py)."""
+    if a.leader:
+        publish_signalled(resume_file(a.run_dir, a.id))
+    a.resume = _standing_resume_point(a.plan.output_dir)
+    a.observed = nothing_to_train(a.signals.received, a.started)
+    return _trained(a, a.resume, a.observed)
+
+
+def _standing_resume_point(output_dir: Path) -> ResumePoint:
+    """No resume point was agreed: the newest commit stands (nothing set aside), so nothing counts as progress."""
+    newest, _ = newest_committed(output_dir)
+    return ResumePoint(newest, (checkpoint_step(newest) or 0) if newest else 0)
 
 
 def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
@@ -173,13 +212,13 @@ def _conclude(a: Attempt) -> Phase:
 def _finish_uploads(a: Attempt) -> Phase:
     """Wait (bounded) for this attempt's uploads and put the outcome into status.json. Before a requeue the
     wait ends ahead of SLURM's end time, or the job would be killed before it is requeued; what is left is
-    uploaded by the next attempt."""
-    assert a.sync is not None and a.decision is not None
+    uploaded by the next attempt. A stop signal during the wait cuts it to what SLURM's end time then allows."""
+    assert a.sync is not None and a.decision is not None and a.observed is not None
     budget = a.plan.storage.wait_at_exit_s if a.plan.storage else 0.0
     ends = end_time(a.where) if a.decision.action is decide.Action.REQUEUE else None
     if ends is not None:
         budget = min(budget, ends - time.time() - KILL_MARGIN_S)
-    a.sync.drain(budget)
+    a.sync.drain(budget, _DrainCut(a.where, a.signals, len(a.observed.signals)).left_s)
     records.update_status(a.run_dir, storage=a.sync.state())
     return Phase.ACT
 
@@ -191,9 +230,31 @@ def _act(a: Attempt) -> Phase:
     if a.where.in_slurm:
         requeue(a.where, a.plan, a.decision)
     time.sleep(a.decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
+    assert a.observed is not None
+    a.signals.forget(len(a.observed.signals))  # acted on; one that came since is the next attempt's
+    a.started = time.time()
     a.retry += 1
     a.id = f"{attempt_id(a.where)}.retry{a.retry}"
     return Phase.AGREE_ON_RESUME
+
+
+@dataclass
+class _DrainCut:
+    """Seconds left to the upload drain (Uploader.drain asks): unbounded until a stop signal comes after the
+    ``seen`` ones the attempt was concluded with; then what SLURM's end time allows (a preemption moves it
+    up to its grace time), or nothing when SLURM cannot say."""
+
+    where: SlurmEnv
+    signals: SignalLog
+    seen: int
+    ends: float = float("inf")
+
+    def left_s(self) -> float:
+        if len(self.signals.received) > self.seen:
+            self.seen = len(self.signals.received)
+            now = time.time()
+            self.ends = min(self.ends, (end_time(self.where) or now + KILL_MARGIN_S) - KILL_MARGIN_S)
+        return self.ends - time.time()
 
 
 PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
@@ -201,6 +262,7 @@ PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
     Phase.AGREE_ON_RESUME: _agree_on_resume,
     Phase.TRAIN: _train,
     Phase.SKIP: _skip,
+    Phase.SIGNALLED: _signalled,
     Phase.CONCLUDE: _conclude,
     Phase.FINISH_UPLOADS: _finish_uploads,
     Phase.ACT: _act,

@@ -64,7 +64,7 @@ def no_trainer(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Replaces the trainer launch: records the resume point it was asked to train from, then raises."""
     calls: list[object] = []
 
-    def fake_train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt_id: str, resume: object, sync: object):  # type: ignore[no-untyped-def]
+    def fake_train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt_id: str, resume: object, *_: object):  # type: ignore[no-untyped-def]
         calls.append(resume)
         raise Trained(f"the trainer was started from {resume}")
 
