@@ -12,6 +12,7 @@ of the first attempt holds at the start of the phase until a stop signal is reco
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def test_a_signal_before_training_is_recorded_and_requeued_by_swiftslurm(
     assert [name for name, _ in first["signals"]][:1] == ["SIGUSR2"], first
     assert first["first_step_at"] is None and first["last_step"] is None, first  # no trainer was started
     assert not (run_dir / "logs" / job / "node0.log").exists()  # nor its log
+    results = [json.loads((run_dir / "logs" / job / f"node{n}.json").read_text()) for n in (0, 1)]
+    assert [r["exit_code"] for r in results] == [0, 0], results  # both nodes ended cleanly, neither was lost
     assert (last["job_id"], last["restart_count"]) == (job, len(records) - 1), last  # requeued, same job
     assert (last["reason"], last["decision"], last["committed_step"]) == ("finished", "done", 20), last
     assert state == "COMPLETED" and status(run_dir)["state"] == "finished", (state, status(run_dir))

@@ -130,6 +130,24 @@ def test_a_waiting_node_stops_at_its_own_signal_without_the_resume_point(tmp_pat
     assert time.monotonic() - started < PROMPT_S
 
 
+def test_a_follower_signalled_while_waiting_ends_cleanly_with_its_result(
+    tmp_path: Path, trainer_starts: list[list[tuple[int, float]]]
+) -> None:
+    run_dir = tmp_path / "run"
+    plan = plan_for("+cluster=local-slurm", f"run_dir={run_dir}")  # two nodes
+    run_dir.mkdir()
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2"}
+    follower = SlurmEnv.from_environ({**env, "SLURM_NODEID": "1", "SLURM_PROCID": "1"})
+    log = SignalLog()
+    with log.installed():
+        # Node 0 has published nothing, not even made the attempt's dir: the follower waits until its signal.
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+        result = attempt.run(run_dir, replace(plan, tiny_cache=None), follower, log)
+    assert (result.exit_code, result.decision, trainer_starts) == (0, None, [])
+    written = json.loads((attempt_dir(run_dir, "77") / "node1.json").read_text())
+    assert written["exit_code"] == 0  # the leader sees a node that ended, not a silent one
+
+
 def test_a_waiting_node_ends_when_the_leader_publishes_a_signal(tmp_path: Path) -> None:
     plan = local_plan(tmp_path / "run")
     publish_signalled(tmp_path / "attempt" / RESUME)
