@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from swiftslurm import slurm_cli
+from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide, preflight, preflight_checks, records
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
@@ -241,8 +243,9 @@ def _act(a: Attempt) -> Phase:
 @dataclass
 class _DrainCut:
     """Seconds left to the upload drain (Uploader.drain asks): unbounded until a stop signal comes after the
-    ``seen`` ones the attempt was concluded with; then what SLURM's end time allows (a preemption moves it
-    up to its grace time), or nothing when SLURM cannot say."""
+    ``seen`` ones the attempt was concluded with; then what SLURM's end time allows, KILL_MARGIN_S before it
+    (a preemption moves it to the end of the grace time), or nothing when SLURM cannot say (or, outside SLURM,
+    a person stopped the run)."""
 
     where: SlurmEnv
     signals: SignalLog
@@ -252,9 +255,19 @@ class _DrainCut:
     def left_s(self) -> float:
         if len(self.signals.received) > self.seen:
             self.seen = len(self.signals.received)
-            now = time.time()
-            self.ends = min(self.ends, (end_time(self.where) or now + KILL_MARGIN_S) - KILL_MARGIN_S)
+            self.ends = min(self.ends, _kill_time(self.where) - KILL_MARGIN_S)
         return self.ends - time.time()
+
+
+def _kill_time(where: SlurmEnv) -> float:
+    """When SLURM ends this job as things stand (infinity: no end); now + KILL_MARGIN_S when it cannot say."""
+    if where.in_slurm and where.job_id is not None:
+        try:
+            ends = slurm_cli.job_kill_time(where.job_id)
+            return float("inf") if ends is None else ends
+        except SwiftSlurmError as err:
+            print(f"[swiftslurm] the end time could not be read after a stop signal: {err}", flush=True)
+    return time.time() + KILL_MARGIN_S
 
 
 PHASES: dict[Phase, Callable[[Attempt], Phase]] = {

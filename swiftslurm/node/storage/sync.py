@@ -70,12 +70,14 @@ class NodeSync:
         """Submit the last commits, wait up to ``timeout_s`` (or less, as ``left_s`` says: Uploader.drain) for
         every upload, stop; return the steps not uploaded."""
         self.poll(float("inf"))
+        started = time.monotonic()
         left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0), left_s)]
         state = self._write_state()
         if left:
             log.warning(
                 f"[swiftslurm] not uploaded to {self.spec.url}: {', '.join(f'checkpoint-{s}' for s in left)} "
-                f"(after {timeout_s:.0f} s); the next attempt uploads them. Last failure: {state['last_failure']}"
+                f"(after {time.monotonic() - started:.0f} s); the next attempt uploads them. "
+                f"Last failure: {state['last_failure']}"
             )
         else:
             log.info(f"[swiftslurm] every committed checkpoint is in {self.spec.url}: {state['remote']}")
