@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 
 from swiftslurm.node import attempt, resume
 from swiftslurm.node.attempt import _DrainCut
+from swiftslurm.node.ckpt.checkpoint import commit
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_signalled
 from swiftslurm.node.signals import SignalLog
@@ -28,13 +29,24 @@ from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.storage.store import CheckpointStore
 from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import RESUME, attempt_dir, resume_file
+from swiftslurm.rundir import RESUME, attempt_dir, output_dir, resume_file
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import plan_for
-from tests.unit.test_attempt_skip import committed_checkpoint
+from tests.s3server import FaultProxy, Faults, SeaweedServer, serve_for_tests, use_test_credentials
 
 LOCAL = SlurmEnv.from_environ({})  # node 0, no SLURM: a requeue is a retry in this process
 PROMPT_S = 5.0  # "promptly": far below the waits that a signal cuts short (900 s, a whole download)
+BUCKET = "swiftslurm-signals"
+STALL_S = 3.0
+
+
+def committed_checkpoint(run_dir: Path, step: int, last_step: int, mib: int = 0) -> Path:
+    """A committed checkpoint-N in the run's output dir (``mib`` MiB of weights)."""
+    folder = output_dir(run_dir) / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(os.urandom(mib << 20) if mib else b"weights")
+    commit(folder, world_size=1, swift_version="test", last_step=last_step)
+    return folder
 
 
 class Trained(Exception):
@@ -200,3 +212,45 @@ def test_a_signal_cuts_the_upload_drain_to_what_slurm_allows(tmp_path: Path) -> 
         left = uploader.drain(600, cut.left_s)
     assert len(left) == 1 and time.monotonic() - started < PROMPT_S + unreachable.timeout_s + 5
     assert cut.left_s() <= 0  # SLURM cannot say when it ends (no SLURM here): nothing is left
+
+
+@pytest.fixture(scope="module")
+def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
+    yield from serve_for_tests(request, BUCKET)
+
+
+def test_a_signal_cancels_a_real_restore_mid_download(
+    tmp_path: Path, s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_test_credentials(monkeypatch)
+    direct = StorageSpec(bucket=BUCKET, prefix="restore", endpoint_url=s3_server.endpoint_url, part_size_mb=8)
+    CheckpointStore(direct).upload(committed_checkpoint(tmp_path / "elsewhere", 10, last_step=20, mib=32))
+    run_dir = tmp_path / "run"
+    output = run_dir / "output"
+    # Every request through the proxy stalls STALL_S: the download is still running when the signal comes,
+    # whatever the machine's speed; the signal comes once the download has begun (its staging dir exists).
+    with FaultProxy(s3_server.endpoint_url, Faults(stall_rate=1.0, stall_s=STALL_S)) as proxy:
+        plan = replace(local_plan(run_dir), storage=replace(direct, endpoint_url=proxy.url))
+        log = SignalLog()
+        signalled: list[float] = []
+
+        def signal_once_downloading() -> None:
+            wait_for(lambda: any(output.glob(".checkpoint-10.download-*")), 120)
+            signalled.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+        with log.installed(), pytest.raises(Interrupted, match="during the restore"):
+            threading.Thread(target=signal_once_downloading, daemon=True).start()
+            agree_on_resume(plan, attempt_dir(run_dir, "a1"), True, lambda: bool(log.received))
+        took = time.monotonic() - signalled[0]
+    # The part in flight ends (its request and reply each stall: 6 s measured), no new part starts.
+    assert took < 2 * STALL_S + PROMPT_S, took
+    assert sorted(p.name for p in output.iterdir()) == []  # nothing half-downloaded is left
+    assert not (attempt_dir(run_dir, "a1") / RESUME).exists()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
