@@ -33,6 +33,14 @@ def partitions() -> set[str]:
     return {line.strip().rstrip("*") for line in run(["sinfo", "-h", "-o", "%P"]).splitlines() if line.strip()}
 
 
+def job_kill_time(job_id: str) -> float | None:
+    """When SLURM ends this job as things stand: scontrol's EndTime (a preemption moves it to the end of the
+    grace time), in seconds since the epoch, or None when SLURM sets no end."""
+    fields = dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
+    end = fields.get("EndTime", "Unknown")
+    return None if end in ("Unknown", "None") else datetime.fromisoformat(end).timestamp()  # local time
+
+
 def job_end_time(job_id: str) -> float | None:
     """When this attempt's time limit ends: StartTime + TimeLimit, in seconds since the epoch, or None
     without a limit. Not scontrol's EndTime: a preemption moves that to the end of the grace time, which

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.supervise import exit_code, run_node
 
 
@@ -13,8 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m swiftslurm.node RUN_DIR", file=sys.stderr)
         return 2
+    signals = SignalLog()
+    signals.install()  # for the rest of the process: a late signal must not kill it by default action either
     try:
-        return exit_code(run_node(args[0]))
+        return exit_code(run_node(args[0], signals))
     except SwiftSlurmError as err:
         print(f"swiftslurm: {err}", file=sys.stderr)
         return 2

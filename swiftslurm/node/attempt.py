@@ -4,13 +4,18 @@
                      leads the run), close a lost attempt; preflight (first attempt)
     AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
     TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
-                     (every node then writes its result; only the leader goes on)
+    | SIGNALLED      (every node then writes its result; only the leader goes on); SIGNALLED when a stop
+                     signal came before the resume point was published: no trainer starts, the leader
+                     tells the nodes still waiting and concludes (preempted, timed out: requeue)
     CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json
     FINISH_UPLOADS   leader with object storage: wait (bounded) for this attempt's uploads
     ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here
     DONE
 
 The leader records the phase it enters in status.json ("phase"); a leader without the lease records nothing.
+The wrapper records stop signals for its whole life (supervise.py installs one SignalLog before the first
+phase); the phases consult it, and the leader alone decides what a signal means (conclude.py) and requeues
+(requeue.py).
 Other nodes always end with exit code 0: with `srun --kill-on-bad-exit` a failing follower would kill the
 leader before it has decided.
 """
@@ -25,13 +30,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from swiftslurm import slurm_cli
+from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide, lease, preflight, preflight_checks, records
-from swiftslurm.node.ckpt.checkpoint import ResumePoint
+from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
 from swiftslurm.node.requeue import requeue
-from swiftslurm.node.resume import agree_on_resume, publish_failure
+from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
+from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
 from swiftslurm.node.storage.sync import NodeSync
+from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, resume_file
@@ -45,6 +54,7 @@ class Phase(enum.Enum):
     AGREE_ON_RESUME = "agree_on_resume"
     TRAIN = "train"
     SKIP = "skip"
+    SIGNALLED = "signalled"
     CONCLUDE = "conclude"
     FINISH_UPLOADS = "finish_uploads"
     ACT = "act"
@@ -76,7 +86,9 @@ class Attempt:
     plan: JobPlan
     where: SlurmEnv
     id: str
+    signals: SignalLog
     phase: Phase = Phase.PREPARE
+    started: float = 0.0  # when this attempt began on this node
     retry: int = 0  # attempts retried in this process (no SLURM to requeue with)
     resume: ResumePoint | None = None
     sync: NodeSync | None = None
@@ -90,10 +102,18 @@ class Attempt:
     def leader(self) -> bool:
         return self.where.node_id == 0
 
+    def stopped(self) -> bool:
+        """Whether a stop signal has come that this attempt has not acted on yet."""
+        return bool(self.signals.received)
 
-def run(run_dir: Path, plan: JobPlan, where: SlurmEnv) -> NodeResult:
-    """Step through the phases until the run is done, stopped, or requeued."""
-    attempt = Attempt(run_dir, plan, where, attempt_id(where), nonce=lease.nonce(where))
+
+def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None = None) -> NodeResult:
+    """Step through the phases until the run is done, stopped, or requeued. ``signals``: the wrapper's, already
+    installed (supervise.py); without it, one is installed for this call."""
+    if signals is None:
+        with SignalLog().installed() as installed:
+            return run(run_dir, plan, where, installed)
+    attempt = Attempt(run_dir, plan, where, attempt_id(where), signals, started=time.time(), nonce=lease.nonce(where))
     while attempt.phase is not Phase.DONE:
         attempt.phase = PHASES[attempt.phase](attempt)
         _record_phase(attempt)
@@ -123,7 +143,8 @@ def _prepare(a: Attempt) -> Phase:
         failure = _preflight(a.run_dir, a.where, a.id)
         if failure is not None and a.leader:
             return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure, a.nonce))
-    return Phase.AGREE_ON_RESUME
+    hold(Phase.PREPARE.value, a.where, a.stopped)
+    return Phase.SIGNALLED if a.stopped() else Phase.AGREE_ON_RESUME
 
 
 def _lead(a: Attempt) -> str | None:
@@ -152,7 +173,12 @@ def _stopped(a: Attempt, why: str) -> Phase:
 
 
 def _agree_on_resume(a: Attempt) -> Phase:
-    a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce)
+    hold(Phase.AGREE_ON_RESUME.value, a.where, a.stopped)
+    try:
+        a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce, a.stopped)
+    except Interrupted as why:
+        print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)
+        return Phase.SIGNALLED
     # With storage, local retention is NodeSync's (it knows what is uploaded), not the trainer's; a leader
     # that lost the run dir's lease neither uploads retention nor prunes (NodeSync asks `leads`).
     storage = a.plan.storage if a.leader else None
@@ -170,7 +196,7 @@ def _agree_on_resume(a: Attempt) -> Phase:
 def _train(a: Attempt) -> Phase:
     assert a.resume is not None
     token = a.lease.token if a.lease else None
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, token)
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token)
     return _trained(a, a.resume, a.observed)
 
 
@@ -178,6 +204,22 @@ def _skip(a: Attempt) -> Phase:
     assert a.resume is not None
     a.observed = nothing_to_train()
     return _trained(a, a.resume, a.observed)
+
+
+def _signalled(a: Attempt) -> Phase:
+    """A stop signal came before training: the nodes still waiting for the resume point are told, nobody
+    trains, and the leader concludes the attempt from the signal like any other (conclude.py)."""
+    if a.leader:
+        publish_signalled(resume_file(a.run_dir, a.id), a.nonce)
+    a.resume = _standing_resume_point(a.plan.output_dir)
+    a.observed = nothing_to_train(a.signals.received, a.started)
+    return _trained(a, a.resume, a.observed)
+
+
+def _standing_resume_point(output_dir: Path) -> ResumePoint:
+    """No resume point was agreed: the newest commit stands (nothing set aside), so nothing counts as progress."""
+    newest, _ = newest_committed(output_dir)
+    return ResumePoint(newest, (checkpoint_step(newest) or 0) if newest else 0)
 
 
 def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
@@ -200,13 +242,13 @@ def _conclude(a: Attempt) -> Phase:
 def _finish_uploads(a: Attempt) -> Phase:
     """Wait (bounded) for this attempt's uploads and put the outcome into status.json. Before a requeue the
     wait ends ahead of SLURM's end time, or the job would be killed before it is requeued; what is left is
-    uploaded by the next attempt."""
-    assert a.sync is not None and a.decision is not None
+    uploaded by the next attempt. A stop signal during the wait cuts it to what SLURM's end time then allows."""
+    assert a.sync is not None and a.decision is not None and a.observed is not None
     budget = a.plan.storage.wait_at_exit_s if a.plan.storage else 0.0
     ends = end_time(a.where) if a.decision.action is decide.Action.REQUEUE else None
     if ends is not None:
         budget = min(budget, ends - time.time() - KILL_MARGIN_S)
-    a.sync.drain(budget)
+    a.sync.drain(budget, _DrainCut(a.where, a.signals, len(a.observed.signals)).left_s)
     records.update_status(a.run_dir, storage=a.sync.state())
     return Phase.ACT
 
@@ -218,9 +260,42 @@ def _act(a: Attempt) -> Phase:
     if a.where.in_slurm:
         requeue(a.where, a.plan, a.decision)
     time.sleep(a.decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
+    assert a.observed is not None
+    a.signals.forget(len(a.observed.signals))  # acted on; one that came since is the next attempt's
+    a.started = time.time()
     a.retry += 1
     a.id = f"{attempt_id(a.where)}.retry{a.retry}"
     return Phase.AGREE_ON_RESUME
+
+
+@dataclass
+class _DrainCut:
+    """Seconds left to the upload drain (Uploader.drain asks): unbounded until a stop signal comes after the
+    ``seen`` ones the attempt was concluded with; then what SLURM's end time allows, KILL_MARGIN_S before it
+    (a preemption moves it to the end of the grace time), or nothing when SLURM cannot say (or, outside SLURM,
+    a person stopped the run)."""
+
+    where: SlurmEnv
+    signals: SignalLog
+    seen: int
+    ends: float = float("inf")
+
+    def left_s(self) -> float:
+        if len(self.signals.received) > self.seen:
+            self.seen = len(self.signals.received)
+            self.ends = min(self.ends, _kill_time(self.where) - KILL_MARGIN_S)
+        return self.ends - time.time()
+
+
+def _kill_time(where: SlurmEnv) -> float:
+    """When SLURM ends this job as things stand (infinity: no end); now + KILL_MARGIN_S when it cannot say."""
+    if where.in_slurm and where.job_id is not None:
+        try:
+            ends = slurm_cli.job_kill_time(where.job_id)
+            return float("inf") if ends is None else ends
+        except SwiftSlurmError as err:
+            print(f"[swiftslurm] the end time could not be read after a stop signal: {err}", flush=True)
+    return time.time() + KILL_MARGIN_S
 
 
 PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
@@ -228,6 +303,7 @@ PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
     Phase.AGREE_ON_RESUME: _agree_on_resume,
     Phase.TRAIN: _train,
     Phase.SKIP: _skip,
+    Phase.SIGNALLED: _signalled,
     Phase.CONCLUDE: _conclude,
     Phase.FINISH_UPLOADS: _finish_uploads,
     Phase.ACT: _act,

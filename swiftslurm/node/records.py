@@ -76,6 +76,7 @@ def open_attempt(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None
 
 
 def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -> None:
+    attempt_dir.mkdir(parents=True, exist_ok=True)  # a node signalled before node 0 published anything made none
     write_json_atomic(node_result(attempt_dir, node), {"node": node, "host": host, "exit_code": exit_code})
 
 

@@ -1,35 +1,55 @@
 """Every node resumes from the same checkpoint: the leader picks it and publishes it in
 logs/<attempt>/resume.json; the other nodes wait for that file as long as the leader's heartbeat says it
 is alive (swiftslurm.node.heartbeat), however long its restore takes, and take only one with their own job
-run's nonce (node/lease.py): an earlier job with the same id may have left one there."""
+run's nonce (node/lease.py): an earlier job with the same id may have left one there. A stop signal before
+the choice is published ends the attempt on every node before any trainer starts (Interrupted)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, prepare_resume, write_json_atomic
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.lease import Lease
+from swiftslurm.node.storage.store import CheckpointStore
 from swiftslurm.node.storage.sync import restore
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import LEADER_BEAT, RESUME, node_log
 
 
+class Interrupted(Exception):
+    """A stop signal came before the resume point was published: this attempt starts no trainer."""
+
+
 def agree_on_resume(
-    plan: JobPlan, attempt_dir: Path, leader: bool, lease: Lease | None = None, nonce: str | None = None
+    plan: JobPlan,
+    attempt_dir: Path,
+    leader: bool,
+    lease: Lease | None = None,
+    nonce: str | None = None,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> ResumePoint:
     """The leader picks the resume point (and sets aside what is newer) and publishes it; the other nodes
     wait for that choice, so every rank loads the same checkpoint even while the leader is still
-    quarantining or restoring."""
+    quarantining or restoring. Raises Interrupted when ``stopped()`` (a stop signal was recorded) before the
+    choice is published, or when the leader published that one was."""
     path = attempt_dir / RESUME
     if not leader:
-        return _wait_for_choice(path, attempt_dir / LEADER_BEAT, nonce)
+        return _wait_for_choice(path, attempt_dir / LEADER_BEAT, nonce, stopped)
     with LeaderBeat(attempt_dir / LEADER_BEAT).running() as beat:
-        return _choose(plan, attempt_dir, path, beat, lease, nonce)
+        return _choose(plan, attempt_dir, path, beat, lease, nonce, stopped)
+
+
+def publish_signalled(resume_file: Path, nonce: str | None = None) -> None:
+    """Tell the nodes waiting for the resume point that a stop signal came first: nobody trains, they end."""
+    resume_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(resume_file, {"checkpoint": None, "step": 0, "signalled": True, "nonce": nonce})
 
 
 def publish_failure(resume_file: Path, why: str, nonce: str | None = None) -> None:
@@ -39,14 +59,24 @@ def publish_failure(resume_file: Path, why: str, nonce: str | None = None) -> No
 
 
 def _choose(
-    plan: JobPlan, attempt_dir: Path, path: Path, beat: LeaderBeat, lease: Lease | None, nonce: str | None
+    plan: JobPlan,
+    attempt_dir: Path,
+    path: Path,
+    beat: LeaderBeat,
+    lease: Lease | None,
+    nonce: str | None,
+    stopped: Callable[[], bool],
 ) -> ResumePoint:
     identity = plan.identity()
     try:
         if plan.storage is not None:
             _fence(lease, "restore from object storage")
             beat.doing(f"looking for a newer checkpoint in {plan.storage.url}")
-            restore(plan.storage, plan.output_dir, beat, identity)
+            store = CheckpointStore(plan.storage)
+            restoring = lambda: restore(plan.storage, plan.output_dir, beat, identity, store)  # noqa: E731
+            _cancelled_when_stopped(restoring, store, stopped)
+        if stopped():  # the last moment to end the attempt before the other nodes start their trainers
+            raise Interrupted("a stop signal came before the resume point was published")
         beat.doing("choosing the resume point")
         _fence(lease, "quarantine newer checkpoints")
         point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True, identity=identity)
@@ -64,15 +94,33 @@ def _fence(lease: Lease | None, step: str) -> None:
         lease.check(step)
 
 
+def _cancelled_when_stopped(work: Callable[[], object], store: CheckpointStore, stopped: Callable[[], bool]) -> None:
+    """Run ``work`` (a restore, maybe hundreds of GB) in a thread of its own, so that a stop signal cancels
+    it within POLL_S instead of after the download: SLURM kills the job GraceTime after its signal. A
+    cancelled download leaves nothing behind (CheckpointStore.download); one that finished is kept."""
+    with ThreadPoolExecutor(1, thread_name_prefix="swiftslurm-restore") as pool:
+        running = pool.submit(work)
+        while not wait([running], timeout=POLL_S).done:
+            if stopped():
+                store.cancel()  # again at each poll: a transfer may start after the previous cancel
+    if stopped():
+        raise Interrupted("a stop signal came during the restore from object storage; it was cancelled")
+    running.result()
+
+
 def _ours(path: Path, nonce: str | None) -> bool:
     """Whether ``path`` is this job run's resume.json: the nonces match (both None outside SLURM, where one
     node is the whole job, or when SLURM could not say when the job started)."""
     return path.is_file() and json.loads(path.read_text()).get("nonce") == nonce
 
 
-def _wait_for_choice(path: Path, beat: Path, nonce: str | None = None) -> ResumePoint:
+def _wait_for_choice(
+    path: Path, beat: Path, nonce: str | None = None, stopped: Callable[[], bool] = lambda: False
+) -> ResumePoint:
     waiting_since = time.time()
     while not _ours(path, nonce):
+        if stopped():
+            raise Interrupted(f"a stop signal came while waiting for node 0 to publish {path}")
         if (silence := leader_silence(beat, time.time(), waiting_since)) is not None:
             raise NodeError(
                 f"{silence}; it has not published {path}, this node stops waiting. HINT: node 0's log "
@@ -81,6 +129,8 @@ def _wait_for_choice(path: Path, beat: Path, nonce: str | None = None) -> Resume
             )
         time.sleep(POLL_S)
     chosen = json.loads(path.read_text())
+    if chosen.get("signalled"):
+        raise Interrupted("node 0 ended the attempt before training: a stop signal came first")
     if chosen.get("error"):
         raise NodeError(f"node 0 could not prepare the resume point: {chosen['error']}")
     checkpoint = Path(chosen["checkpoint"]) if chosen["checkpoint"] else None

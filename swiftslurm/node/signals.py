@@ -5,6 +5,10 @@ USR1) to every process of the step. `swift` and torchrun must not die of it (the
 ignored, see launch.py) while the training workers save on it (swiftslurm's `swiftslurm_stop` callback). The
 workers run in sessions of their own under torchrun, so the wrapper forwards to each of them itself
 rather than to a process group.
+
+The wrapper records them from its start to its end on the node (supervise.py installs one SignalLog; under
+submitit it replaces submitit's own handlers, which would requeue the job by themselves): the attempt's
+phases read that one log (attempt.py), whatever they are doing when a signal comes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 SAVE_SIGNAL = signal.SIGUSR2
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
@@ -34,9 +39,17 @@ class SignalLog:
     def first(self, signum: int) -> float | None:
         return next((t for s, t in self.received if s == signum), None)
 
+    def forget(self, count: int) -> None:
+        """Drop the first ``count`` signals: an attempt has acted on them, the next one starts without them."""
+        del self.received[:count]
+
+    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> dict[int, Any]:
+        """Make this log the handler of ``signals``; returns the handlers it replaced."""
+        return {sig: signal.signal(sig, self.record) for sig in signals}
+
     @contextlib.contextmanager
     def installed(self, signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[SignalLog]:
-        previous = {sig: signal.signal(sig, self.record) for sig in signals}
+        previous = self.install(signals)
         try:
             yield self
         finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt, decide
 from swiftslurm.node.attempt import NodeResult, attempt_id
+from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import plan_file
@@ -43,17 +44,30 @@ def load_plan(run_dir: Path) -> JobPlan:
     return JobPlan.load_checked(run_dir)
 
 
-def run_node(run_dir_arg: str) -> NodeResult:
-    """Run this node's share of the run until the run is done, stopped, or requeued."""
+def run_node(run_dir_arg: str, signals: SignalLog | None = None) -> NodeResult:
+    """Run this node's share of the run until the run is done, stopped, or requeued.
+
+    The wrapper owns the stop signals from here on (``signals``, installed already, or installed here until
+    it returns): one that comes before training ends the attempt as signalled, during training it makes the
+    trainer save, during the upload drain it shortens the drain; the leader alone decides about a requeue."""
+    if signals is None:
+        with SignalLog().installed() as installed:
+            return run_node(run_dir_arg, installed)
     run_dir = Path(run_dir_arg).resolve()
     plan = load_plan(run_dir)
     _log_to_stdout()
-    return attempt.run(run_dir, plan, SlurmEnv.from_environ(os.environ))
+    return attempt.run(run_dir, plan, SlurmEnv.from_environ(os.environ), signals)
 
 
 def submitit_entry(run_dir: str) -> NodeResult:
-    """What submitit pickles and runs on every node: like run_node, but a stopped run raises."""
-    result = run_node(run_dir)
+    """What submitit pickles and runs on every node: like run_node, but a stopped run raises.
+
+    submitit installed its own handlers before calling this: on USR2 it would `scontrol requeue` the job
+    itself and exit, whatever this attempt is doing. The wrapper's replace them for the rest of the process,
+    after this returns too (submitit then only writes the result), so submitit never requeues by itself."""
+    signals = SignalLog()
+    signals.install()
+    result = run_node(run_dir, signals)
     if result.decision == decide.Action.STOP.value:
         raise TrainingFailed(f"run stopped: {result.why}")
     return result

@@ -67,25 +67,23 @@ def train(
     attempt: str,
     resume: ResumePoint,
     sync: NodeSync | None,
+    signals: SignalLog,
     lease_token: int | None = None,
 ) -> Observed:
-    """Run ms-swift once; forward stop signals to its workers; the leader kills it if it hangs and hands
-    each newly committed checkpoint to the background uploader."""
+    """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers; the
+    leader kills it if it hangs and hands each newly committed checkpoint to the background uploader."""
     engine = engine_for(plan.launcher)
     extra = engine.resume_args(resume.checkpoint, plan.swift_argv) if resume.checkpoint else ()
     log_path = node_log_path(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
     watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
-    with SignalLog().installed() as signals:
-        trainer = Trainer(
-            swift_command(plan, extra), trainer_env(plan, where, run_dir, lease_token), log_path, cwd=run_dir
-        )
-        watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync)
-        code = watcher.until_exit()
-        # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
-        print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
-        return Observed(code, list(signals.received), watcher.hung, watch, started)
+    trainer = Trainer(swift_command(plan, extra), trainer_env(plan, where, run_dir, lease_token), log_path, cwd=run_dir)
+    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync)
+    code = watcher.until_exit()
+    # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
+    print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
+    return Observed(code, list(signals.received), watcher.hung, watch, started)
 
 
 @dataclass
@@ -139,9 +137,10 @@ class _Watcher:
             self.trainer.kill()
 
 
-def nothing_to_train() -> Observed:
-    now = time.time()
-    return Observed(0, [], False, ProgressWatch(Path(os.devnull), now, re.compile("(?!)")), now)
+def nothing_to_train(signals: list[tuple[int, float]] | None = None, started: float | None = None) -> Observed:
+    """An attempt that started no trainer: its run was complete, or a stop signal (``signals``) came first."""
+    now = time.time() if started is None else started
+    return Observed(0, list(signals or []), False, ProgressWatch(Path(os.devnull), now, re.compile("(?!)")), now)
 
 
 def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:

@@ -37,16 +37,21 @@ LAST_FAILURES = 5  # failures kept in sync.json
 
 
 def restore(
-    spec: StorageSpec, output_dir: Path, report: TransferReport | None = None, identity: str | None = None
+    spec: StorageSpec,
+    output_dir: Path,
+    report: TransferReport | None = None,
+    identity: str | None = None,
+    store: CheckpointStore | None = None,
 ) -> Path | None:
     """Before training (node 0): remove what a killed restore left, then fetch the newest remote checkpoint if
     it is newer than every committed local one (a wiped scratch disk, a new cluster), unless another plan than
     ``identity`` committed it (refused). Returns what was downloaded, or None. ``report`` follows the download
-    (node 0's heartbeat)."""
+    (node 0's heartbeat); ``store``: the caller's, to `cancel` the download from another thread."""
     remove_stale_downloads(output_dir)
     local, _ = newest_committed(output_dir)
     local_step = (checkpoint_step(local) or 0) if local else 0
-    return restore_if_newer(CheckpointStore(spec), output_dir, local_step, report, identity)
+    store = store if store is not None else CheckpointStore(spec)
+    return restore_if_newer(store, output_dir, local_step, report, identity)
 
 
 class NodeSync:
@@ -87,16 +92,19 @@ class NodeSync:
         self._prune_local()
         self._write_state()
 
-    def drain(self, timeout_s: float) -> list[int]:
-        """Submit the last commits, wait up to ``timeout_s`` for every upload, stop; return the steps not uploaded."""
+    def drain(self, timeout_s: float, left_s: Callable[[], float] | None = None) -> list[int]:
+        """Submit the last commits, wait up to ``timeout_s`` (or less, as ``left_s`` says: Uploader.drain) for
+        every upload, stop; return the steps not uploaded."""
         self.poll(float("inf"))
-        left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0))]
+        started = time.monotonic()
+        left = [checkpoint_step(path) or 0 for path in self.uploader.drain(max(timeout_s, 0.0), left_s)]
         self._prune_local()
         state = self._write_state()
         if left:
             log.warning(
                 f"[swiftslurm] not uploaded to {self.spec.url}: {', '.join(f'checkpoint-{s}' for s in left)} "
-                f"(after {timeout_s:.0f} s); the next attempt uploads them. Last failure: {state['last_failure']}"
+                f"(after {time.monotonic() - started:.0f} s); the next attempt uploads them. "
+                f"Last failure: {state['last_failure']}"
             )
         else:
             log.info(f"[swiftslurm] every committed checkpoint is in {self.spec.url}: {state['remote']}")

@@ -44,6 +44,7 @@ class Uploader:
 
     BACKOFF_S = (2.0, 60.0)  # first retry after 2 s, doubling up to 60 s
     DRAIN_BACKOFF_S = 1.0  # while draining, retry at once (botocore has backed off per request already)
+    DRAIN_POLL_S = 0.5  # while draining, how often the caller's `left_s` is asked
 
     def __init__(
         self,
@@ -97,17 +98,22 @@ class Uploader:
         with self._changed:
             return list(self._failures)
 
-    def drain(self, timeout_s: float) -> list[Path]:
+    def drain(self, timeout_s: float, left_s: Callable[[], float] | None = None) -> list[Path]:
         """Wait up to ``timeout_s`` for every submitted checkpoint to be uploaded, then stop (an upload still
-        running is cancelled). Returns what is not uploaded, oldest first, for the final report."""
+        running is cancelled). ``left_s``, asked every DRAIN_POLL_S outside the lock, may end the wait
+        sooner (a stop signal came). Returns what is not uploaded, oldest first, for the final report."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             self._draining = True
             for item in self._pending:
                 item.not_before = min(item.not_before, time.monotonic())
             self._changed.notify_all()
-            while self._pending and (left := deadline - time.monotonic()) > 0:
-                self._changed.wait(left)
+        while (left := min(deadline - time.monotonic(), left_s() if left_s else timeout_s)) > 0:
+            with self._changed:
+                if not self._pending:
+                    break
+                self._changed.wait(min(left, self.DRAIN_POLL_S))
+        with self._changed:
             self._stopping = True
             self._changed.notify_all()
         self.store.cancel()
