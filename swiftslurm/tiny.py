@@ -117,43 +117,27 @@ class Preset:
     turns: tuple[int, int] | None = None  # user turns per chat, drawn uniformly from [min, max]
 
 
+def _qwen3_shape(hidden: int, intermediate: int, layers: int) -> dict[str, Any]:
+    """A Qwen3 of the small checkpoints' layout (16 query heads, 8 KV heads of 128, tied embeddings)."""
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+
+
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(ASSETS_VERSION, MODEL_CONFIG, "float32", NUM_CONVERSATIONS),
     # Qwen3-0.6B's layer shapes (its 151k vocabulary would be most of the weights; ours has ~1k tokens).
-    "qwen3-0.5b": Preset(
-        "qwen3-0.5b-v1",
-        {
-            "hidden_size": 1024,
-            "intermediate_size": 3072,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": True,
-        },
-        "bfloat16",
-        num_conversations=4000,
-        turns=(10, 30),
-    ),
+    "qwen3-0.5b": Preset("qwen3-0.5b-v1", _qwen3_shape(1024, 3072, 28), "bfloat16", 4000, turns=(10, 30)),
     # Qwen3-1.7B's layer shapes with 32 layers instead of 28: 1.6B parameters without its vocabulary, the
     # smallest model the save-budget benchmark takes for a real ZeRO-3 full fine-tune (issue: >= 1.5B).
-    "qwen3-1.6b": Preset(
-        "qwen3-1.6b-v1",
-        {
-            "hidden_size": 2048,
-            "intermediate_size": 6144,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": True,
-        },
-        "bfloat16",
-        num_conversations=4000,
-        turns=(10, 30),
-    ),
+    "qwen3-1.6b": Preset("qwen3-1.6b-v1", _qwen3_shape(2048, 6144, 32), "bfloat16", 4000, turns=(10, 30)),
 }
 
 # fmt: off
