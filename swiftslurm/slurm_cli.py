@@ -33,23 +33,29 @@ def partitions() -> set[str]:
     return {line.strip().rstrip("*") for line in run(["sinfo", "-h", "-o", "%P"]).splitlines() if line.strip()}
 
 
+def job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o`'s KEY=VALUE fields of one job (times in the controller's local time)."""
+    return dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
+
+
+def _timestamp(value: str) -> float | None:
+    """scontrol's local ISO time in seconds since the epoch; None for its "Unknown" / "None"."""
+    return None if value in ("Unknown", "None") else datetime.fromisoformat(value).timestamp()
+
+
 def job_kill_time(job_id: str) -> float | None:
     """When SLURM ends this job as things stand: scontrol's EndTime (a preemption moves it to the end of the
     grace time), in seconds since the epoch, or None when SLURM sets no end."""
-    fields = dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
-    end = fields.get("EndTime", "Unknown")
-    return None if end in ("Unknown", "None") else datetime.fromisoformat(end).timestamp()  # local time
+    return _timestamp(job_fields(job_id).get("EndTime", "Unknown"))
 
 
 def job_end_time(job_id: str) -> float | None:
     """When this attempt's time limit ends: StartTime + TimeLimit, in seconds since the epoch, or None
     without a limit. Not scontrol's EndTime: a preemption moves that to the end of the grace time, which
     would make every preemption look like a time-out."""
-    fields = dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
-    start, limit = fields.get("StartTime", "Unknown"), limit_seconds(fields.get("TimeLimit", "UNLIMITED"))
-    if start in ("Unknown", "None") or limit is None:
-        return None
-    return datetime.fromisoformat(start).timestamp() + limit  # scontrol prints local time
+    fields = job_fields(job_id)
+    start, limit = _timestamp(fields.get("StartTime", "Unknown")), limit_seconds(fields.get("TimeLimit", "UNLIMITED"))
+    return None if start is None or limit is None else start + limit
 
 
 def limit_seconds(text: str) -> int | None:
@@ -98,5 +104,4 @@ def job_alive(job_id: str) -> bool:
 def job_start(job_id: str) -> str:
     """When SLURM started this job (its StartTime, as scontrol prints it): with the id, it names one run of
     the job; a requeue starts it anew, and a wiped cluster that hands out the id again starts it later."""
-    fields = dict(re.findall(r"(\w+)=(\S+)", run(["scontrol", "show", "job", "-o", job_id])))
-    return fields.get("StartTime", "Unknown")
+    return job_fields(job_id).get("StartTime", "Unknown")
