@@ -1,5 +1,5 @@
 """awscrt as swiftslurm's transfer engine: the candidate bench/storage.py measures (client `awscrt`) against
-swiftslurm's own sender and fetcher (swiftslurm/node/storage/send.py, fetch.py). Issue 15, item 6.
+swiftslurm's own sender and fetcher (swiftslurm/storage/send.py, fetch.py). Issue 15, item 6.
 
 The CRT S3 client (awscrt, what `boto3[crt]` and s3transfer's `CRTTransferManager` run) moves the bytes:
 multipart uploads and ranged downloads on its own native threads, files read and written by it directly
@@ -33,10 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.storage.fetch import FileMismatch, RemoteFile
-from swiftslurm.node.storage.parallel import Cancelled
-from swiftslurm.node.storage.send import LocalFile
-from swiftslurm.node.storage.store import CheckpointStore
+from swiftslurm.storage.fetch import FileMismatch, RemoteFile
+from swiftslurm.storage.parallel import Cancelled
+from swiftslurm.storage.send import LocalFile
+from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 MiB = 1 << 20
@@ -101,7 +101,7 @@ def _subscriber(on_done: Callable[[], None] | None, progress: Callable[[int], No
 
 
 class _CrtTransfer:
-    """The part of swiftslurm.node.storage.parallel.Transfer that CheckpointStore uses: `run`, `cancel`."""
+    """The part of swiftslurm.storage.parallel.Transfer that CheckpointStore uses: `run`, `cancel`."""
 
     def __init__(self, manager: Any, bucket: str, progress: Callable[[int], None] | None) -> None:
         self.manager = manager

@@ -187,7 +187,7 @@ def busy_cpu_seconds() -> float:
 
 
 def start_seaweed(checkpoint: Path) -> Target:
-    from swiftslurm.node.storage.store import CheckpointStore
+    from swiftslurm.storage.store import CheckpointStore
     from tests.s3server import SeaweedServer
 
     server = SeaweedServer("127.0.0.1").start()
@@ -284,7 +284,7 @@ def s5cmd_binary(tools: Path) -> Path:
 def as_client(direction: str, endpoint: str, prefix: str, local: Path, options: dict[str, Any], engine: str) -> None:
     """The swiftslurm client's process: make the store (as the wrapper does once), then time one call.
     ``engine`` "crt": the CRT S3 client moves the bytes (bench/crt_engine.py), the rest is CheckpointStore's."""
-    from swiftslurm.node.storage.store import CheckpointStore
+    from swiftslurm.storage.store import CheckpointStore
 
     if engine == "crt":
         sys.path.insert(0, str(REPO / "bench"))
@@ -722,7 +722,7 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
     started = time.perf_counter()
     env = client_env(Path("/nonexistent")) | {"OMP_NUM_THREADS": str(args.threads)}
     # A session of its own, as srun gives each task: the wrapper then lowers its session's share of the CPU
-    # while it uploads (storage.background_priority=idle; swiftslurm/node/storage/priority.py).
+    # while it uploads (storage.background_priority=idle; swiftslurm/storage/priority.py).
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, start_new_session=True)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every descendant: each was waited for by its parent
