@@ -286,11 +286,11 @@ def as_client(direction: str, endpoint: str, prefix: str, local: Path, options: 
     ``engine`` "crt": the CRT S3 client moves the bytes (bench/crt_engine.py), the rest is CheckpointStore's."""
     from swiftslurm.storage.store import CheckpointStore
 
+    connections = options.pop("crt_connections", None)  # the awscrt client's alone
     if engine == "crt":
         sys.path.insert(0, str(REPO / "bench"))
         from crt_engine import CrtCheckpointStore
 
-        connections = options.pop("crt_connections", None)
         store: CheckpointStore = CrtCheckpointStore(spec(endpoint, prefix, **options), connections)
     else:
         store = CheckpointStore(spec(endpoint, prefix, **options))
