@@ -13,7 +13,7 @@
       lease.lock         locked while lease.json is read and replaced
       cancelled.json     `swiftslurm cancel` was here
       sync.json          object storage: what is uploaded, what failed
-      uploads.jsonl      a line per upload, by node/storage/uploader.py (when, how long, how much)
+      uploads.jsonl      a line per upload, by storage/uploader.py (when, how long, how much)
       logs/slurm-%j.out  SLURM's output of the batch script
       logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json,
                          leader.json (node 0's heartbeat until resume.json is written)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.storage.store import CheckpointStore, MiB, newest_remote_step
 from swiftslurm.rundir import plan_file
+from swiftslurm.storage.store import CheckpointStore, MiB, newest_remote_step
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 

@@ -1,6 +1,6 @@
 """Where a run's checkpoints live in object storage: the plan's `storage` section, without credentials.
 
-Pure data (no boto3): the login side validates and plans it; swiftslurm.node.storage.store acts on it.
+Pure data (no boto3): the login side validates and plans it; swiftslurm.storage.store acts on it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError, one_of
 
-BACKGROUND_PRIORITIES = ("idle", "normal")  # of uploads during training: swiftslurm.node.storage.priority
+BACKGROUND_PRIORITIES = ("idle", "normal")  # of uploads during training: swiftslurm.storage.priority
 
 
 class StorageError(SwiftSlurmError):

@@ -155,7 +155,7 @@ def check_storage(plan: JobPlan) -> None:
     would count (and delete) them as this run's. The newest remote manifest speaks for the prefix."""
     if plan.storage is not None:
         from swiftslurm.node.ckpt.checkpoint import check_identity
-        from swiftslurm.node.storage.store import CheckpointStore, newest_remote_step
+        from swiftslurm.storage.store import CheckpointStore, newest_remote_step
 
         store = CheckpointStore(plan.storage)
         store.check_access()

@@ -39,11 +39,11 @@ from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
 from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
-from swiftslurm.node.storage.sync import NodeSync
 from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, resume_file
+from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 
 KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time

@@ -16,11 +16,11 @@ from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, prepare_resume, write_json_atomic
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.lease import Lease
-from swiftslurm.node.storage.store import CheckpointStore
-from swiftslurm.node.storage.sync import restore
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import LEADER_BEAT, RESUME, node_log
+from swiftslurm.storage.store import CheckpointStore
+from swiftslurm.storage.sync import restore
 
 
 class Interrupted(Exception):

@@ -18,10 +18,10 @@ from swiftslurm.node.lease import TOKEN_ENV
 from swiftslurm.node.progress import ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
-from swiftslurm.node.storage.sync import NodeSync
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.rundir import attempt_dir, node_log
+from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again

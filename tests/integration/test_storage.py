@@ -20,9 +20,9 @@ import pytest
 
 from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, problems, read_manifest
 from swiftslurm.node.heartbeat import read_beat
-from swiftslurm.node.storage.store import CheckpointStore
-from swiftslurm.node.storage.sync import restore
-from swiftslurm.node.storage.uploader import Uploader
+from swiftslurm.storage.store import CheckpointStore
+from swiftslurm.storage.sync import restore
+from swiftslurm.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 from tests.integration.conftest import wait_until
 from tests.s3server import (
@@ -118,7 +118,7 @@ RESTORE = """
 import sys
 from pathlib import Path
 from swiftslurm.node.heartbeat import LeaderBeat
-from swiftslurm.node.storage.sync import restore
+from swiftslurm.storage.sync import restore
 from swiftslurm.storage_spec import StorageSpec
 
 spec = StorageSpec(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3], region="us-east-1",

@@ -1,4 +1,4 @@
-"""swiftslurm.node.storage.fetch (ranged, parallel, verified downloads) against an in-memory stand-in for the S3 client.
+"""swiftslurm.storage.fetch (ranged, parallel, verified downloads) against an in-memory stand-in for the S3 client.
 
 The stand-in serves ranged GETs and breaks bodies on request, which a real server cannot be made to do on cue;
 tests/unit/test_store.py and tests/integration/test_storage.py run the same code against SeaweedFS.
@@ -19,9 +19,9 @@ import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
 
 from swiftslurm.node.ckpt.checkpoint import MANIFEST
-from swiftslurm.node.storage import fetch
-from swiftslurm.node.storage.fetch import Cancelled, Fetch, FetchOptions, FileMismatch, Part, RemoteFile, split_ranges
-from swiftslurm.node.storage.store import CheckpointStore
+from swiftslurm.storage import fetch
+from swiftslurm.storage.fetch import Cancelled, Fetch, FetchOptions, FileMismatch, Part, RemoteFile, split_ranges
+from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 BUCKET = "b"

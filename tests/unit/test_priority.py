@@ -1,4 +1,4 @@
-"""Background uploads run at idle CPU priority, in their own threads only (swiftslurm.node.storage.priority)."""
+"""Background uploads run at idle CPU priority, in their own threads only (swiftslurm.storage.priority)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from swiftslurm.node.storage.priority import lower_this_thread
-from swiftslurm.node.storage.store import UploadResult
-from swiftslurm.node.storage.uploader import Uploader
+from swiftslurm.storage.priority import lower_this_thread
+from swiftslurm.storage.store import UploadResult
+from swiftslurm.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
@@ -136,7 +136,7 @@ def test_idle_lowers_the_share_of_a_session_it_leads_and_no_other() -> None:
     (a shell's, or on CI the first session's, whose autogroup file is empty), and its session keeps its share
     (the other tests here lowered threads of this process)."""
     script = (
-        "import pathlib; from swiftslurm.node.storage.priority import lower_this_thread; "
+        "import pathlib; from swiftslurm.storage.priority import lower_this_thread; "
         "lower_this_thread('idle'); print(pathlib.Path('/proc/self/autogroup').read_text())"
     )
     done = subprocess.run(

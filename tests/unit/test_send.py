@@ -1,4 +1,4 @@
-"""swiftslurm.node.storage.send, the upload's parallel part sender, against an in-memory client that fails on cue."""
+"""swiftslurm.storage.send, the upload's parallel part sender, against an in-memory client that fails on cue."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from swiftslurm.node.storage.parallel import Cancelled
-from swiftslurm.node.storage.send import LocalFile, Send, SendOptions, pieces
+from swiftslurm.storage.parallel import Cancelled
+from swiftslurm.storage.send import LocalFile, Send, SendOptions, pieces
 from swiftslurm.storage_spec import StorageError
 
 BUCKET = "b"

@@ -26,10 +26,10 @@ from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_signalled
 from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv
-from swiftslurm.node.storage.store import CheckpointStore
-from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import RESUME, attempt_dir, output_dir, resume_file
+from swiftslurm.storage.store import CheckpointStore
+from swiftslurm.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import plan_for
 from tests.s3server import FaultProxy, Faults, SeaweedServer, serve_for_tests, use_test_credentials

@@ -1,4 +1,4 @@
-"""swiftslurm.node.storage.store and .uploader against a real S3 endpoint (SeaweedFS on 127.0.0.1), plus the CLI."""
+"""swiftslurm.storage.store and .uploader against a real S3 endpoint (SeaweedFS on 127.0.0.1), plus the CLI."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import pytest
 from swiftslurm import storage_cli
 from swiftslurm.errors import ConfigError, NodeError
 from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, is_committed, problems
-from swiftslurm.node.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
-from swiftslurm.node.storage.sync import NodeSync, restore
-from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.rundir import SYNC_STATE
+from swiftslurm.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
+from swiftslurm.storage.sync import NodeSync, restore
+from swiftslurm.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageError, StorageSpec
 from swiftslurm.submit import check_storage
 from tests.conftest import REPO, plan_for
@@ -336,8 +336,8 @@ def test_cli_reads_the_storage_section_of_plan_json(store: CheckpointStore, tmp_
 EXIT_WITHOUT_DRAIN = """
 import sys
 from pathlib import Path
-from swiftslurm.node.storage.store import CheckpointStore
-from swiftslurm.node.storage.uploader import Uploader
+from swiftslurm.storage.store import CheckpointStore
+from swiftslurm.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 spec = StorageSpec(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3], region="us-east-1")
 Uploader(CheckpointStore(spec)).submit(Path(sys.argv[4]))

@@ -36,10 +36,10 @@ from swiftslurm.node.ckpt.checkpoint import (
     read_manifest,
     write_json_atomic,
 )
-from swiftslurm.node.storage.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
-from swiftslurm.node.storage.parallel import Transfer
-from swiftslurm.node.storage.send import LocalFile, Send, SendOptions
 from swiftslurm.rundir import DOWNLOAD_STAGING, QUARANTINE
+from swiftslurm.storage.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
+from swiftslurm.storage.parallel import Transfer
+from swiftslurm.storage.send import LocalFile, Send, SendOptions
 from swiftslurm.storage_spec import StorageError, StorageSpec
 
 log = logging.getLogger("swiftslurm.store")
@@ -345,7 +345,7 @@ class CheckpointStore:
         return bool(head.get("Metadata", {}).get("sha256") == entry["sha256"])
 
     def _send(self, checkpoint: Path, step: int, entries: list[dict[str, Any]]) -> None:
-        """The files, in parallel parts (swiftslurm.node.storage.send), each request checked by the server (SHA-256)."""
+        """The files, in parallel parts (swiftslurm.storage.send), each request checked by the server (SHA-256)."""
         files = [
             LocalFile(checkpoint / entry["path"], self.key(step, entry["path"]), entry["size"], entry["sha256"])
             for entry in entries
@@ -438,7 +438,7 @@ class CheckpointStore:
     def _fetch(
         self, step: int, entries: list[dict[str, Any]], staging: Path, report: TransferReport | None = None
     ) -> None:
-        """Download the manifest's files into ``staging`` (swiftslurm.node.storage.fetch: ranged, parallel, retried),
+        """Download the manifest's files into ``staging`` (swiftslurm.storage.fetch: ranged, parallel, retried),
         each verified (size, SHA-256) and fsynced, and the folders with them. Raises on the first failure."""
         paths = [staging / _safe_path(entry["path"]) for entry in entries]
         listed = self._listed_as_manifest_says(step, entries)

@@ -1,6 +1,6 @@
 """Committed checkpoints go to the object store in the background, newest first; training never waits.
 
-See swiftslurm.node.storage.store for the remote layout (a checkpoint is remote only once its manifest is).
+See swiftslurm.storage.store for the remote layout (a checkpoint is remote only once its manifest is).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swiftslurm.node.ckpt.checkpoint import checkpoint_step, is_committed
-from swiftslurm.node.storage.priority import lower_this_thread
-from swiftslurm.node.storage.store import CheckpointStore, UploadResult
+from swiftslurm.storage.priority import lower_this_thread
+from swiftslurm.storage.store import CheckpointStore, UploadResult
 
 log = logging.getLogger("swiftslurm.uploader")
 

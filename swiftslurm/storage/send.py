@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.storage.parallel import Transfer, each_in_parallel
+from swiftslurm.storage.parallel import Transfer, each_in_parallel
 from swiftslurm.storage_spec import StorageError
 
 

@@ -26,9 +26,9 @@ from swiftslurm.node.ckpt.checkpoint import (
     prune_committed,
     write_json_atomic,
 )
-from swiftslurm.node.storage.store import CheckpointStore, TransferReport, remove_stale_downloads, restore_if_newer
-from swiftslurm.node.storage.uploader import Uploader
 from swiftslurm.rundir import SYNC_STATE, UPLOAD_HISTORY
+from swiftslurm.storage.store import CheckpointStore, TransferReport, remove_stale_downloads, restore_if_newer
+from swiftslurm.storage.uploader import Uploader
 from swiftslurm.storage_spec import StorageSpec
 
 log = logging.getLogger("swiftslurm.sync")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.storage.parallel import Cancelled, Transfer, each_in_parallel
+from swiftslurm.storage.parallel import Cancelled, Transfer, each_in_parallel
 from swiftslurm.storage_spec import StorageError
 
 MiB = 1 << 20

@@ -2,7 +2,7 @@
 
 On Linux the scheduling policy, the nice value and the I/O priority belong to each thread, not to the
 process, and a thread passes them on to the threads it creates. So the uploader lowers its own thread
-when it starts, and every thread it creates afterwards (swiftslurm.node.storage.send's) runs as low as it does,
+when it starts, and every thread it creates afterwards (swiftslurm.storage.send's) runs as low as it does,
 while the wrapper's main thread (signals, the supervise loop) keeps its normal priority among the
 wrapper's threads.
 
