@@ -107,6 +107,8 @@ def compose_and_run(args: list[str]) -> int:
         if user_asked_for_traceback:
             raise
         code = refuse(cli_errors.hydra_error_message(err, args))
+    except SwiftSlurmError as err:  # a sweep point refused (swiftslurm/sweeper.py plans them all first)
+        code = refuse(str(err))
     finally:
         if not user_asked_for_traceback:
             del os.environ["HYDRA_FULL_ERROR"]

@@ -23,6 +23,7 @@ from swiftslurm.runs import read_json
 
 SWEEP_FILE = "sweep.jsonl"  # in the sweep folder, beside its run directories: one line per recorded point
 LEGACY_SWEEP_FILE = "sweep.json"  # what sweeps recorded before sweep.jsonl (rewritten whole per point); read only
+NAMES_SHOWN = 20  # points a failed submission names in its one line
 HYDRA_RECORD = "multirun.yaml"  # what Hydra writes into the sweep folder before the first point is planned
 # Sweep folders this process started, each with the outermost folder Hydra had to create for it
 # (SweepCallback.on_multirun_start); a sweep refused before any point was planned removes them again.
@@ -108,11 +109,14 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def report_unsubmitted(err: Exception, not_submitted: list[str]) -> None:
-    """A submission failed: name the points left unsubmitted and exit 2 (Hydra would turn an exception raised
-    in a sweep into exit 1 with a traceback, or swallow it in a callback)."""
+def report_unsubmitted(err: Exception, not_submitted: list[str], sweep_dir: Path) -> None:
+    """A submission failed: name the points left unsubmitted (the first NAMES_SHOWN of them, and where the rest
+    are) and exit 2. Hydra would turn an exception raised in a sweep into exit 1 with a traceback."""
+    names = ", ".join(not_submitted[:NAMES_SHOWN]) or "none"
+    if len(not_submitted) > NAMES_SHOWN:
+        names += f" and {len(not_submitted) - NAMES_SHOWN} more (recorded `planned` in {sweep_dir / SWEEP_FILE})"
     print(
-        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {', '.join(not_submitted) or 'none'}. "
+        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {names}. "
         "HINT: fix the cause and run the same command again: it submits the points not submitted yet "
         "and leaves the others alone.",
         file=sys.stderr,

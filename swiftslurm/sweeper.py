@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 class Point:
     num: int  # Hydra's job number (hydra.job.num)
     overrides: list[str]  # the point's task overrides, as Hydra records them (hydra.overrides.task)
+    varies: list[str]  # those that differ between the sweep's points: name the point in messages
     name: str  # what varies, path-safe: names the point's run (hydra.job.override_dirname)
     base: tuple[str, ...]  # its choice of config groups: which composition it starts from
     values: list[Override]  # its other overrides, applied to a copy of that composition
@@ -120,13 +121,15 @@ def compose_points(context: HydraContext, master: DictConfig, points: list[list[
     assert isinstance(loader, ConfigLoaderImpl)  # the only loader Hydra has
     is_value = value_override_test(loader, master)
     sweep = Sweep(bases={}, points=[], cwd=Path.cwd())
+    everywhere = set.intersection(*({str(o.input_line) for o in point} for point in points)) if points else set()
     for num, overrides in enumerate(points):
         values = [o for o in overrides if is_value(o)]  # what Hydra applies after composing the defaults
         base = tuple(str(o.input_line) for o in overrides if not is_value(o))
         if base not in sweep.bases:
             sweep.bases[base] = pickle.dumps(task_config(loader.load_sweep_config(master, list(base))))
         lines = [str(o.input_line) for o in overrides]
-        sweep.points.append(Point(num, lines, point_name(master, overrides, num), base, values))
+        varies = [line for line in lines if line not in everywhere] or lines
+        sweep.points.append(Point(num, lines, varies, point_name(master, overrides, num), base, values))
     return sweep
 
 
@@ -185,7 +188,7 @@ def plan_point(sweep: Sweep, point: Point) -> Planned:
         plan = make_plan(config, PlanContext(cwd=sweep.cwd, sweep_point=point.name))
         sbatch = submit.check_run_dir(plan)
     except SwiftSlurmError as err:
-        raise type(err)(f"sweep point #{point.num} ({' '.join(point.overrides)}): {err}") from err
+        raise type(err)(f"sweep point #{point.num} ({' '.join(point.varies)}): {err}") from err
     warning = save_budget_warning(config, plan)
     return Planned(point, plan, to_yaml(cfg), sbatch, config.dry_run, config.array_parallelism, warning)
 
@@ -281,7 +284,7 @@ def submit_points(sweep_dir: Path, items: list[Planned]) -> int:
             done.update(item.plan.run_dir for item in members)
         return sum(submit_single(sweep_dir, item, done) for item in singles)
     except SubmitError as err:
-        report_unsubmitted(err, [item.plan.run_name for item in items if item.plan.run_dir not in done])
+        report_unsubmitted(err, [item.plan.run_name for item in items if item.plan.run_dir not in done], sweep_dir)
         raise AssertionError("unreachable: report_unsubmitted exits") from err
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from swiftslurm.sweep import read_points
 from tests.integration.conftest import attempts, current_step, squeue_state, submit, wait_for_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -53,7 +54,7 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     # It returned while the jobs are still queued or running: the login node is not held.
     assert any(squeue_state(job) in ("PENDING", "RUNNING") for job in jobs)
     [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
-    runs = [Path(p["run_dir"]) for p in json.loads((sweep_dir / "sweep.json").read_text())["points"]]
+    runs = [Path(p["run_dir"]) for p in read_points(sweep_dir)]
     assert len(runs) == 4 and len(set(runs)) == 4
 
     # Preempt one point mid-training.
