@@ -3,8 +3,9 @@
     bash scripts/slurm-local.sh up && .venv/bin/python bench/sweep.py [--points 1000] [--repeats 3]
 
 Each repeat, interleaved:
-- swiftslurm: `python -m swiftslurm -m +cluster=local-slurm seed=range(0,N) array_parallelism=1` (Hydra
-  composes N configs, swiftslurm plans and validates each, writes N run directories, then one sbatch array);
+- swiftslurm: `python -m swiftslurm -m +cluster=local-slurm seed=range(0,N) array_parallelism=1 swift.max_steps=1`
+  (swiftslurm's sweeper composes once, plans and validates each of the N points, writes N run directories,
+  then one sbatch array); checked: SLURM lists N tasks of that array (`squeue -r`) before it is cancelled;
   baseline: the bare `sbatch --array=0-(N-1)%1 --wrap true` of the same size (SLURM's own floor).
 - status: `python -m swiftslurm status SWEEP_DIR` (and `--json`) over the N points with SLURM asked (one
   squeue and one sacct for all jobs); baseline: those two SLURM calls alone, plus a bare interpreter start.
@@ -40,7 +41,10 @@ def submit_sweep(points: int, cwd: Path) -> tuple[float, Path, str]:
     argv = [sys.executable, "-m", "swiftslurm", "-m", "+cluster=local-slurm", f"seed=range(0,{points})"]
     took, out = timed([*argv, "array_parallelism=1", "swift.max_steps=1"], cwd)
     array = out.split("job array(s) ['")[1].split("'")[0]
+    tasks = subprocess.run(["squeue", "-h", "-r", "-j", array, "-o", "%i"], capture_output=True, text=True, check=True)
     subprocess.run(["scancel", array], check=True)
+    if len(tasks.stdout.split()) != points:  # the array SLURM holds is the sweep: every point a task
+        raise SystemExit(f"array {array} has {len(tasks.stdout.split())} tasks in SLURM, not {points}")
     [sweep_dir] = (cwd / "runs" / "sweeps").iterdir()
     return took, sweep_dir, array
 

@@ -45,7 +45,10 @@ class Workers:
         if self.count > 1:
             sys.stdout.flush()
             sys.stderr.flush()  # a forked worker must not inherit (and print again) unwritten output
-            self.pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("fork"))
+            try:
+                self.pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("fork"))
+            except OSError:  # no POSIX semaphores here (e.g. no /dev/shm): the same work, in this process
+                self.pool = None
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
