@@ -20,7 +20,6 @@ makes a point's composition here the same as Hydra's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import os
 import pickle
@@ -41,6 +40,7 @@ from swiftslurm.plan import JobPlan, PlanContext, make_plan, save_budget_warning
 from swiftslurm.rundir import SUBMITIT
 from swiftslurm.sweep import HYDRA_RECORD, record_points, report_unsubmitted
 from swiftslurm.sweep_workers import Workers, inherited
+from swiftslurm.sweep_yaml import point_yaml
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
@@ -190,7 +190,9 @@ def plan_point(sweep: Sweep, point: Point) -> Planned:
     except SwiftSlurmError as err:
         raise type(err)(f"sweep point #{point.num} ({' '.join(point.varies)}): {err}") from err
     warning = save_budget_warning(config, plan)
-    return Planned(point, plan, to_yaml(cfg), sbatch, config.dry_run, config.array_parallelism, warning)
+    touched = {str(o.key_or_group).split(".")[0] for o in point.values}
+    config_yaml = point_yaml(cfg, point.base, touched)
+    return Planned(point, plan, config_yaml, sbatch, config.dry_run, config.array_parallelism, warning)
 
 
 def plan_points(points: list[Point]) -> list[Planned]:
@@ -203,29 +205,6 @@ def write_run_dirs(items: list[Planned]) -> list[None]:
     for item in items:
         submit.write_run_dir(item.plan, item.config_yaml, item.sbatch, durable=False)
     return []
-
-
-def to_yaml(cfg: DictConfig) -> str:
-    """OmegaConf.to_yaml(cfg), the same text, through libyaml's emitter (twice as fast) when PyYAML has it."""
-    import yaml
-
-    if (dumper := _libyaml_dumper()) is None:
-        return OmegaConf.to_yaml(cfg)
-    container = OmegaConf.to_container(cfg, enum_to_str=True)
-    return yaml.dump(container, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=dumper)
-
-
-@functools.cache
-def _libyaml_dumper() -> Any:
-    """OmegaConf's YAML dumper (its quoting of strings) on libyaml's emitter; None without libyaml."""
-    import yaml
-    from omegaconf._utils import get_omega_conf_dumper
-
-    if not yaml.__with_libyaml__:
-        return None
-    dumper: Any = type("OmegaConfCDumper", (yaml.CDumper,), {})
-    dumper.add_representer(str, get_omega_conf_dumper().str_representer)
-    return dumper
 
 
 # ------------------------------------------------------------------------------ write, record, submit
