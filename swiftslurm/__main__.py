@@ -25,6 +25,7 @@ from swiftslurm.plan import PlanContext, make_plan, save_budget_warning
 from swiftslurm.sweep import discard_unplanned_sweeps
 
 __all__ = ["main", "to_config"]
+CHECKOUT = Path(__file__).resolve().parent.parent  # holds conf/ and hydra_plugins/
 
 
 def run(cfg: DictConfig) -> int:
@@ -53,7 +54,7 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-@hydra.main(version_base=None, config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="config")
+@hydra.main(version_base=None, config_path=str(CHECKOUT / "conf"), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     try:
         code = run(cfg)
@@ -95,6 +96,8 @@ def compose_and_run(args: list[str]) -> int:
     if flag is not None:
         return refuse(cli_errors.flag_message(flag))
     register_configs()
+    if str(CHECKOUT) not in sys.path:  # Hydra finds plugins only in the `hydra_plugins` namespace package; our
+        sys.path.append(str(CHECKOUT))  # sweeper's lives beside conf/ in the checkout, whatever the install
     sys.argv[1:] = open_dict_overrides(args)
     user_asked_for_traceback = "HYDRA_FULL_ERROR" in os.environ
     os.environ["HYDRA_FULL_ERROR"] = "1"
