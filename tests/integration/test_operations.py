@@ -81,6 +81,20 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     assert all((run / "loss.png").is_file() for run in runs)
 
 
+def test_an_array_sweep_is_one_sbatch_and_trains_every_point_to_the_end(tmp_path: Path, slurm_cluster: None):
+    """The sweeper's array path end to end (issue 15, item 4): one array, each task an ordinary run."""
+    args = ("-m", "+cluster=local-slurm", "seed=1,2", "swift.max_steps=4", "swift.save_steps=4", "array_parallelism=2")
+    done = cli(*args, "wait=true", cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    [array] = re.findall(r"submitted 2 point\(s\) as job array\(s\) \['(\d+)'\]", done.stdout)
+    assert "2 run(s): 2 finished" in done.stdout
+    [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
+    points = read_points(sweep_dir)
+    assert [p["job_id"] for p in points] == [f"{array}_0", f"{array}_1"]
+    assert [p["action"] for p in points] == ["submitted", "submitted"]
+    assert all(wait_for_job(p["job_id"]) == "COMPLETED" for p in points)
+
+
 def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_path: Path, slurm_cluster: None):
     run_dir = tmp_path / "run"
     job = submit(run_dir, "swift.max_steps=400", "swift.save_steps=50")
