@@ -158,3 +158,31 @@ def test_a_failed_submission_names_at_most_a_screenful_of_points(
     shown = [n for n in names if any(f"{n}{end}" in line for end in (",", ".", " "))]
     assert len(shown) == min(count, 20)
     assert ("/s/sweep.jsonl" in line) == (count > 20)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["a=1,2", "b=x,y", "c=3"],
+        ["++swift.learning_rate=1e-4,2e-4", "seed=range(0,5)", "+cluster=a100x16"],
+        ["x=range(0.1,0.5,0.1)", "y='1e-4','a,b'", "z=[1,2]", "w={k:v}"],
+        ["a=1,2", "a=3,4", "strategy=ddp,zero2", "~foo"],
+        ["s=choice(a,b)", "t=' spaced '", "u=null", "v=true,false"],
+    ],
+    ids=["choices", "range and package", "floats quotes lists dicts", "repeated key", "choice null bool"],
+)
+def test_points_are_the_ones_hydras_basic_sweeper_makes_in_its_order(args: list[str]) -> None:
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from swiftslurm.sweeper import expand
+
+    parser = OverridesParser.create()
+    [hydras] = BasicSweeper.split_arguments(parser.parse_overrides(args), max_batch_size=None)
+    ours = expand(parser.parse_overrides(args))
+    assert [[o.input_line for o in point] for point in ours] == hydras
+    # and each of our overrides is what parsing Hydra's line gives
+    for point, lines in zip(ours, hydras, strict=True):
+        assert [(o.key_or_group, o.value(), o.type) for o in point] == [
+            (o.key_or_group, o.value(), o.type) for o in parser.parse_overrides(lines)
+        ]
