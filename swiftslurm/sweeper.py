@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import pickle
 import re
 import sys
@@ -38,6 +37,7 @@ from swiftslurm.errors import SubmitError, SwiftSlurmError
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, to_config, wait_for
 from swiftslurm.plan import JobPlan, PlanContext, make_plan, save_budget_warning
 from swiftslurm.rundir import SUBMITIT
+from swiftslurm.runs import sync_filesystems
 from swiftslurm.sweep import HYDRA_RECORD, record_points, report_unsubmitted
 from swiftslurm.sweep_workers import Workers, inherited
 from swiftslurm.sweep_yaml import point_yaml
@@ -223,7 +223,7 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(master, sweep_dir / HYDRA_RECORD)  # as Hydra's BasicSweeper does, once all are planned
         workers.map(write_run_dirs, planned)
-    os.sync()  # one flush for every file written above: each is whole (temp file + rename), and on disk now
+    sync_filesystems([Path(item.plan.run_dir) for item in planned])  # each file whole (temp + rename), on disk
     to_submit = [item for item in planned if not item.dry_run and not skipped(item, sweep_dir)]
     for item in planned:
         if item.dry_run:
