@@ -90,6 +90,7 @@ def main() -> None:
         "points": args.points,
         "repeats": args.repeats,
         "cores": os.cpu_count(),
+        "load_average_1_5_15_min_at_end": os.getloadavg(),  # a shared machine: how busy it was
         "seconds": {k: summary(v) for k, v in times.items()},
         "ratios": {
             "submit / bare sbatch --array": statistics.median(times["submit"])
