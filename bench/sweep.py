@@ -3,8 +3,9 @@
     bash scripts/slurm-local.sh up && .venv/bin/python bench/sweep.py [--points 1000] [--repeats 3]
 
 Each repeat, interleaved:
-- swiftslurm: `python -m swiftslurm -m +cluster=local-slurm seed=range(0,N) array_parallelism=1` (Hydra
-  composes N configs, swiftslurm plans and validates each, writes N run directories, then one sbatch array);
+- swiftslurm: `python -m swiftslurm -m +cluster=local-slurm seed=range(0,N) array_parallelism=1 swift.max_steps=1`
+  (swiftslurm's sweeper composes once, plans and validates each of the N points, writes N run directories,
+  then one sbatch array); checked: SLURM lists N tasks of that array (`squeue -r`) before it is cancelled;
   baseline: the bare `sbatch --array=0-(N-1)%1 --wrap true` of the same size (SLURM's own floor).
 - status: `python -m swiftslurm status SWEEP_DIR` (and `--json`) over the N points with SLURM asked (one
   squeue and one sacct for all jobs); baseline: those two SLURM calls alone, plus a bare interpreter start.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,10 +29,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+CPU_S: list[float] = []  # CPU seconds (user + system) of each timed command, its worker processes included
+SUBMIT_CPU_S: list[float] = []  # the sweep's: on a busy shared machine its wall time says more about the others
+
+
 def timed(argv: list[str], cwd: Path) -> tuple[float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env={**os.environ, "SWIFTSLURM_RUNS": "runs"})
     took = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU_S.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return took, done.stdout
@@ -39,8 +48,12 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, str]:
 def submit_sweep(points: int, cwd: Path) -> tuple[float, Path, str]:
     argv = [sys.executable, "-m", "swiftslurm", "-m", "+cluster=local-slurm", f"seed=range(0,{points})"]
     took, out = timed([*argv, "array_parallelism=1", "swift.max_steps=1"], cwd)
+    SUBMIT_CPU_S.append(CPU_S[-1])
     array = out.split("job array(s) ['")[1].split("'")[0]
+    tasks = subprocess.run(["squeue", "-h", "-r", "-j", array, "-o", "%i"], capture_output=True, text=True, check=True)
     subprocess.run(["scancel", array], check=True)
+    if len(tasks.stdout.split()) != points:  # the array SLURM holds is the sweep: every point a task
+        raise SystemExit(f"array {array} has {len(tasks.stdout.split())} tasks in SLURM, not {points}")
     [sweep_dir] = (cwd / "runs" / "sweeps").iterdir()
     return took, sweep_dir, array
 
@@ -82,11 +95,14 @@ def main() -> None:
             assert len(report["runs"]) == args.points, len(report["runs"])
             times["slurm"].append(slurm_queries([r["job_id"] for r in report["runs"]], cwd))
         print(f"repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+        print(f"  submit used {SUBMIT_CPU_S[-1]:.2f} CPU s; load average {os.getloadavg()[0]:.1f}", flush=True)
     result = {
         "points": args.points,
         "repeats": args.repeats,
         "cores": os.cpu_count(),
+        "load_average_1_5_15_min_at_end": os.getloadavg(),  # a shared machine: how busy it was
         "seconds": {k: summary(v) for k, v in times.items()},
+        "submit_cpu_seconds": summary(SUBMIT_CPU_S),
         "ratios": {
             "submit / bare sbatch --array": statistics.median(times["submit"])
             / statistics.median(times["sbatch_array"]),

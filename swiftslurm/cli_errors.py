@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import typing
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ _SETTINGS = "settings are KEY=VALUE (`python -m swiftslurm --cfg job` prints the
 # ------------------------------------------------------------------------------ the schema's keys
 
 
+@functools.cache  # the schema's classes never change; every sweep point checks its keys against them
 def _fields(cls: Any) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -48,7 +50,7 @@ def _schema_at(path: Sequence[str]) -> Any:
     """The dataclass at a dotted path of the root schema (None past a leaf or a free-form dict)."""
     node: Any = Config
     for part in path:
-        if not dataclasses.is_dataclass(node):
+        if not isinstance(node, type) or not dataclasses.is_dataclass(node):
             return None
         node = _fields(node).get(part)
     return node if dataclasses.is_dataclass(node) else None

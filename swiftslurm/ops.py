@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         action = cancel if args.command == "cancel" else resume
         dirs = run_dirs(args.path)
         if not dirs:
-            raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.json).")
+            raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.jsonl).")
         for run_dir in dirs:
             print(action(run_dir))
     except SwiftSlurmError as err:

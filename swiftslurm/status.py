@@ -1,6 +1,6 @@
 """`python -m swiftslurm.status PATH [--json] [--plot]` (also `swiftslurm status PATH`): one row per run.
 
-PATH is a run directory, a sweep directory (sweep.json) or a folder of run directories. The facts come
+PATH is a run directory, a sweep directory (sweep.jsonl) or a folder of run directories. The facts come
 from each run directory and from one squeue + one sacct call for all jobs; with SLURM unreachable the
 table still comes, from the run directories alone, and says so.
 """

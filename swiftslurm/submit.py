@@ -21,13 +21,15 @@ if TYPE_CHECKING:
     import submitit
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and rename: readers see the old or the new file."""
+def write_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Write via a temp file in the same directory and rename: readers see the old or the new file. Not
+    ``durable``: no fsync; the caller syncs once for many files (a sweep's run dirs) before submitting."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as out:
         out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
     os.replace(tmp, path)
 
 
@@ -51,22 +53,30 @@ def check_same_run(plan: JobPlan, existing: Path) -> None:
 
 
 def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
-    """Create or re-use the run directory: config.yaml, plan.json and its digest, job.sbatch (SLURM), logs/.
+    """Create or re-use the run directory: config.yaml, plan.json and its digest, job.sbatch (SLURM), logs/."""
+    return write_run_dir(plan, config_yaml, check_run_dir(plan))
 
-    The run dir is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs and checkpoints
-    are the user's own); plan.sha256 lets the nodes check that they run this plan."""
-    run_dir = Path(plan.run_dir)
-    plan_path = rundir.plan_file(run_dir)
+
+def check_run_dir(plan: JobPlan) -> str | None:
+    """Everything writing the run dir would refuse, found before anything is written (a sweep checks every
+    point first): a run dir holding another run, values #SBATCH cannot carry. Returns job.sbatch's text."""
+    plan_path = rundir.plan_file(Path(plan.run_dir))
     if plan_path.exists():
         check_same_run(plan, plan_path)
-    sbatch = render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+    return render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+
+
+def write_run_dir(plan: JobPlan, config_yaml: str, sbatch: str | None, durable: bool = True) -> Path:
+    """Write a checked run dir. It is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs
+    and checkpoints are the user's own); plan.sha256 lets the nodes check that they run this plan."""
+    run_dir = Path(plan.run_dir)
     make_run_dir(run_dir)
-    write_atomic(run_dir / rundir.CONFIG, config_yaml)
+    write_atomic(run_dir / rundir.CONFIG, config_yaml, durable)
     plan_text = plan.to_json()
-    write_atomic(plan_path, plan_text)
-    write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n")
+    write_atomic(rundir.plan_file(run_dir), plan_text, durable)
+    write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n", durable)
     if sbatch is not None:
-        write_atomic(run_dir / rundir.SBATCH, sbatch)
+        write_atomic(run_dir / rundir.SBATCH, sbatch, durable)
     return run_dir
 
 

@@ -1,40 +1,68 @@
 """A sweep directory: which points a `-m` sweep has, their overrides, run directories and jobs.
 
-Every point of a Hydra multirun is planned and submitted by swiftslurm's own `run` (Hydra's basic launcher
-calls it once per point, in this process, without waiting for jobs), and records itself in
-`<sweep dir>/sweep.json`. Each point is an ordinary run with its own run directory, requeued and resumed
-on its own. Running the same sweep again skips the points that are finished or still queued.
+Every point of a Hydra multirun is composed once, planned and written by swiftslurm's own sweeper
+(hydra_plugins/swiftslurm_sweeper, swiftslurm/sweeper.py) and recorded in `<sweep dir>/sweep.jsonl`, one line
+per event, appended: `planned` when its run directory is written, then `submitted` with its job id (or why it
+was skipped). The newest line of a run directory is its state. Each point is an ordinary run with its own run
+directory, requeued and resumed on its own. Running the same sweep again skips the points that are finished or
+still queued.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.ckpt.checkpoint import write_json_atomic
-from swiftslurm.rundir import SUBMITIT, plan_file
+from swiftslurm.rundir import plan_file
 from swiftslurm.runs import read_json
 
-SWEEP_FILE = "sweep.json"  # in the sweep folder, beside its run directories
+SWEEP_FILE = "sweep.jsonl"  # in the sweep folder, beside its run directories: one line per recorded point
+LEGACY_SWEEP_FILE = "sweep.json"  # what sweeps recorded before sweep.jsonl (rewritten whole per point); read only
+NAMES_SHOWN = 20  # points a failed submission names in its one line
 HYDRA_RECORD = "multirun.yaml"  # what Hydra writes into the sweep folder before the first point is planned
 # Sweep folders this process started, each with the outermost folder Hydra had to create for it
 # (SweepCallback.on_multirun_start); a sweep refused before any point was planned removes them again.
 _STARTED: list[tuple[Path, Path | None]] = []
 
 
-def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
-    """Add or replace (by run dir) one point of the sweep. Points are recorded one after another by the
-    process that launches the sweep, so a read-modify-write is safe; the write itself is atomic."""
+def record_points(sweep_dir: Path, points: Iterable[dict[str, Any]]) -> None:
+    """Append one line per point, then fsync once: a 1000-point sweep costs one write and one fsync per batch,
+    not a rewrite of the whole record per point (quadratic). A point recorded again supersedes its older line."""
+    now = time.time()
+    text = "".join(json.dumps({**point, "at": now}) + "\n" for point in points)
+    if not text:
+        return
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / SWEEP_FILE, "a") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
+    record_points(sweep_dir, [point])
+
+
+def read_points(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Each run directory's newest line, in point order. A torn last line (a crash mid-append) is ignored:
+    that point's older line still stands, and running the sweep again records it anew."""
     path = sweep_dir / SWEEP_FILE
-    data = read_json(path) or {"created": time.time(), "points": []}
-    points = [p for p in data.get("points", []) if p.get("run_dir") != point["run_dir"]]
-    data["points"] = sorted([*points, point], key=lambda p: p.get("num", 0))
-    data["updated"] = time.time()
-    write_json_atomic(path, data)
+    if not path.is_file():
+        return list((read_json(sweep_dir / LEGACY_SWEEP_FILE) or {}).get("points", []))
+    newest: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(point, dict) and point.get("run_dir"):
+            newest[point["run_dir"]] = point
+    return sorted(newest.values(), key=lambda p: p.get("num", 0))
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -42,39 +70,13 @@ def run_dirs(path: Path) -> list[Path]:
     directly inside a folder (e.g. `runs/`)."""
     if plan_file(path).is_file():
         return [path]
-    sweep = read_json(path / SWEEP_FILE)
-    if sweep is not None:
-        return [Path(p["run_dir"]) for p in sweep.get("points", []) if p.get("run_dir")]
+    if is_sweep(path):
+        return [Path(p["run_dir"]) for p in read_points(path)]
     return sorted(child for child in path.iterdir() if plan_file(child).is_file()) if path.is_dir() else []
 
 
 def is_sweep(path: Path) -> bool:
-    return (path / SWEEP_FILE).is_file()
-
-
-def submit_planned(sweep_dir: Path, parallelism: int) -> list[str]:
-    """Submit the points recorded as `planned` as job arrays (one per distinct allocation), record their
-    job ids in each run dir and in sweep.json, and return them."""
-    from swiftslurm import submit
-    from swiftslurm.plan import JobPlan
-    from swiftslurm.runs import record_submission
-
-    data = read_json(sweep_dir / SWEEP_FILE) or {}
-    planned = [p for p in data.get("points", []) if p.get("action") == "planned"]
-    groups: dict[str, list[tuple[dict[str, Any], JobPlan]]] = {}
-    for point in planned:
-        plan = JobPlan.load(plan_file(Path(point["run_dir"])))
-        groups.setdefault(submit.allocation_key(plan), []).append((point, plan))
-    job_ids = []
-    for members in groups.values():
-        jobs = submit.submit_array([plan for _, plan in members], sweep_dir / SUBMITIT, parallelism)
-        for (point, plan), job in zip(members, jobs, strict=True):
-            record_submission(Path(plan.run_dir), str(job.job_id), plan.scheduler)
-            record_point(sweep_dir, {**point, "job_id": str(job.job_id), "action": "submitted"})
-            job_ids.append(str(job.job_id))
-    if job_ids:
-        print(f"submitted {len(job_ids)} point(s) as job array(s) {sorted({j.split('_')[0] for j in job_ids})}")
-    return job_ids
+    return (path / SWEEP_FILE).is_file() or (path / LEGACY_SWEEP_FILE).is_file()
 
 
 def discard_unplanned_sweeps() -> None:
@@ -82,7 +84,7 @@ def discard_unplanned_sweeps() -> None:
     its multirun.yaml and the empty folders Hydra created for it. Nothing else is touched."""
     while _STARTED:
         sweep_dir, created = _STARTED.pop()
-        if (sweep_dir / SWEEP_FILE).exists():
+        if is_sweep(sweep_dir):
             continue
         (sweep_dir / HYDRA_RECORD).unlink(missing_ok=True)
         if created is None:
@@ -107,13 +109,14 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _report_unsubmitted(sweep_dir: Path, err: Exception) -> None:
-    """An array sbatch failed: name the points left unsubmitted and exit 2 (Hydra turns a callback's exception
-    into a warning and exits 0, so the failure would go unseen)."""
-    points = (read_json(sweep_dir / SWEEP_FILE) or {}).get("points", [])
-    left = [str(p.get("run_name")) for p in points if p.get("action") == "planned"]
+def report_unsubmitted(err: Exception, not_submitted: list[str], sweep_dir: Path) -> None:
+    """A submission failed: name the points left unsubmitted (the first NAMES_SHOWN of them, and where the rest
+    are) and exit 2. Hydra would turn an exception raised in a sweep into exit 1 with a traceback."""
+    names = ", ".join(not_submitted[:NAMES_SHOWN]) or "none"
+    if len(not_submitted) > NAMES_SHOWN:
+        names += f" and {len(not_submitted) - NAMES_SHOWN} more (recorded `planned` in {sweep_dir / SWEEP_FILE})"
     print(
-        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {', '.join(left) or 'none'}. "
+        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {names}. "
         "HINT: fix the cause and run the same command again: it submits the points not submitted yet "
         "and leaves the others alone.",
         file=sys.stderr,
@@ -122,9 +125,8 @@ def _report_unsubmitted(sweep_dir: Path, err: Exception) -> None:
 
 
 class SweepCallback:
-    """Hydra callback (conf/config.yaml), at the end of a `-m` sweep: submits the points planned for a job
-    array (`array_parallelism=N`), then, with `wait=true`, waits for every point and prints the status
-    table; exit status 1 if any point did not finish."""
+    """Hydra callback (conf/config.yaml), at the end of a `-m` sweep (every point submitted by the sweeper): with
+    `wait=true`, waits for every point and prints the status table; exit status 1 if any point did not finish."""
 
     POLL_S = 5.0
 
@@ -135,14 +137,9 @@ class SweepCallback:
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if config.get("dry_run"):
             return
-        path = Path(config.hydra.sweep.dir).resolve()
-        if config.get("array_parallelism"):
-            try:
-                submit_planned(path, int(config.array_parallelism))
-            except SwiftSlurmError as err:
-                _report_unsubmitted(path, err)
         if not config.get("wait"):
             return
+        path = Path(config.hydra.sweep.dir).resolve()
         from swiftslurm.runs import FINAL_STATES
         from swiftslurm.status import collect, render
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from swiftslurm.sweep import read_points
 from tests.integration.conftest import attempts, current_step, squeue_state, submit, wait_for_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -53,7 +54,7 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     # It returned while the jobs are still queued or running: the login node is not held.
     assert any(squeue_state(job) in ("PENDING", "RUNNING") for job in jobs)
     [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
-    runs = [Path(p["run_dir"]) for p in json.loads((sweep_dir / "sweep.json").read_text())["points"]]
+    runs = [Path(p["run_dir"]) for p in read_points(sweep_dir)]
     assert len(runs) == 4 and len(set(runs)) == 4
 
     # Preempt one point mid-training.
@@ -78,6 +79,20 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     assert plotted.returncode == 0, plotted.stderr
     assert (sweep_dir / "final_loss.png").read_bytes().startswith(b"\x89PNG")
     assert all((run / "loss.png").is_file() for run in runs)
+
+
+def test_an_array_sweep_is_one_sbatch_and_trains_every_point_to_the_end(tmp_path: Path, slurm_cluster: None):
+    """The sweeper's array path end to end (issue 15, item 4): one array, each task an ordinary run."""
+    args = ("-m", "+cluster=local-slurm", "seed=1,2", "swift.max_steps=4", "swift.save_steps=4", "array_parallelism=2")
+    done = cli(*args, "wait=true", cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    [array] = re.findall(r"submitted 2 point\(s\) as job array\(s\) \['(\d+)'\]", done.stdout)
+    assert "2 run(s): 2 finished" in done.stdout
+    [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
+    points = read_points(sweep_dir)
+    assert [p["job_id"] for p in points] == [f"{array}_0", f"{array}_1"]
+    assert [p["action"] for p in points] == ["submitted", "submitted"]
+    assert all(wait_for_job(p["job_id"]) == "COMPLETED" for p in points)
 
 
 def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_path: Path, slurm_cluster: None):

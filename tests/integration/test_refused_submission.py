@@ -1,9 +1,9 @@
-"""A submission SLURM refuses is never silent: a sweep whose job-array sbatch fails exits 2 and names the points
-it did not submit (issue 14, item 10). Real sbatch on the local SLURM cluster; nothing runs."""
+"""A submission SLURM refuses is never silent: a sweep whose sbatch fails (its job array's, or a point's own)
+exits 2 and names the points it did not submit (issue 14, item 10; issue 15, item 4). Real sbatch on the local
+SLURM cluster; nothing runs."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,16 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.sweep import read_points
+
 pytestmark = [pytest.mark.slurm]
 
 
-def test_a_sweep_whose_array_sbatch_fails_exits_2_naming_the_points_not_submitted(
-    tmp_path: Path, slurm_cluster: None
+@pytest.mark.parametrize("parallelism", ["2", "0"], ids=["one array", "a job per point"])
+def test_a_sweep_whose_sbatch_fails_exits_2_naming_the_points_not_submitted(
+    parallelism: str, tmp_path: Path, slurm_cluster: None
 ) -> None:
     args = [
         "-m",
         "+cluster=local-slurm",
-        "array_parallelism=2",
+        f"array_parallelism={parallelism}",
         "swift.learning_rate=1e-4,2e-4",
         "cluster.sbatch.reservation=swiftslurm-no-such-reservation",  # sbatch: "Requested reservation is invalid"
     ]
@@ -37,7 +40,7 @@ def test_a_sweep_whose_array_sbatch_fails_exits_2_naming_the_points_not_submitte
     assert len(error) == 1, done.stderr
     assert "reservation" in error[0].lower() and "run the same command again" in error[0]
     [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
-    points = json.loads((sweep_dir / "sweep.json").read_text())["points"]
+    points = read_points(sweep_dir)
     assert [p["action"] for p in points] == ["planned", "planned"]
     for point in points:
         assert point["run_name"] in error[0]

@@ -10,7 +10,7 @@ import pytest
 from swiftslurm import status
 from swiftslurm.node.ckpt.checkpoint import commit
 from swiftslurm.runs import SlurmView, decide_state, gather, goodput, read_metrics, record_submission
-from swiftslurm.sweep import SWEEP_FILE, record_point, run_dirs
+from swiftslurm.sweep import read_points, record_point, run_dirs
 
 
 def attempt(start: float, end: float, first_step_at: float, resume: int, last: int, committed: int) -> dict:
@@ -115,8 +115,7 @@ def test_status_table_and_json_for_a_sweep_dir_say_when_slurm_is_unavailable(
 def test_recording_a_point_again_replaces_it(tmp_path: Path) -> None:
     record_point(tmp_path, {"num": 0, "run_dir": "/r0", "job_id": "1"})
     record_point(tmp_path, {"num": 0, "run_dir": "/r0", "job_id": "2"})
-    data = json.loads((tmp_path / SWEEP_FILE).read_text())
-    assert [p["job_id"] for p in data["points"]] == ["2"]
+    assert [p["job_id"] for p in read_points(tmp_path)] == ["2"]
 
 
 def test_plots_are_written_for_runs_and_the_sweep(tmp_path: Path) -> None:
