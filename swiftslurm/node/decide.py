@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -370,12 +370,14 @@ def restart_in_place(decision: Decision, allocation: Allocation, budget: Budget)
     if decision.action is not Action.REQUEUE or decision.reason not in RESTARTABLE or not allocation.all_alive:
         return decision
     if allocation.restarts >= budget.max_restarts:
-        spent = f"; the {budget.max_restarts} restarts in place of this allocation are spent (`resilience.max_restarts`)"
-        return Decision(decision.action, decision.reason, decision.why + spent, decision.delay_s, decision.exclude_hosts)
+        spent = f"the {budget.max_restarts} restarts in place of this allocation are spent (`resilience.max_restarts`)"
+        return replace(decision, why=f"{decision.why}; {spent}")
     number = allocation.restarts + 1
     why = decision.why.partition("; requeued")[0]
     return Decision(
-        Action.RESTART, decision.reason, f"{why}; every node is alive: restarted in place ({number} of {budget.max_restarts})"
+        Action.RESTART,
+        decision.reason,
+        f"{why}; every node is alive: restarted in place ({number} of {budget.max_restarts})",
     )
 
 

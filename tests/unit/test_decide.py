@@ -624,7 +624,9 @@ def test_restart_in_place_has_no_backoff_and_says_which_restart_it_is() -> None:
 
 def test_a_spent_restart_budget_requeues_and_names_the_setting() -> None:
     spent = Allocation(all_alive=True, restarts=2)
-    decision = decide(Reason.INFRA, "NCCL error", history(consecutive_failures=1), Budget(max_restarts=2), allocation=spent)
+    decision = decide(
+        Reason.INFRA, "NCCL error", history(consecutive_failures=1), Budget(max_restarts=2), allocation=spent
+    )
     assert (decision.action, decision.delay_s) == (Action.REQUEUE, 30)
     assert "restarts in place of this allocation are spent (`resilience.max_restarts`)" in decision.why
 
