@@ -207,19 +207,31 @@ def test_exclusions_never_leave_fewer_nodes_than_the_job_needs(
 def test_a_requeue_without_exclusions_clears_the_jobs_old_ones(
     tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Requeued(Exception):
-        pass
-
-    def stop_waiting(_s: float) -> None:
-        raise Requeued
-
-    monkeypatch.setattr(time, "sleep", stop_waiting)
     monkeypatch.setattr(signal, "signal", lambda *_: None)
     monkeypatch.setattr(slurm_cli, "run", lambda argv: slurm.calls.append(argv) or "")
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
-    with pytest.raises(Requeued):
+    with pytest.raises(requeue_mod.Requeued):
         requeue_mod.requeue(where, a_plan(tmp_path), Decision(Action.REQUEUE, conclude_mod.decide.Reason.INFRA, "x"))
     assert ["scontrol", "update", "JobId=77", "ExcNodeList="] in slurm.calls
+
+
+def test_the_old_attempt_ends_as_soon_as_the_requeue_is_accepted(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No hold until SLURM's KILL (KillWait): the process ends with 0 and no result for submitit to record
+    (a SystemExit passes its `except Exception` around the job)."""
+
+    def held(_s: float) -> None:
+        raise AssertionError("the wrapper waits for SLURM to KILL it after the requeue")
+
+    monkeypatch.setattr(time, "sleep", held)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    monkeypatch.setattr(slurm_cli, "run", lambda argv: slurm.calls.append(argv) or "")
+    where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
+    with pytest.raises(SystemExit) as ended:
+        requeue_mod.requeue(where, a_plan(tmp_path), Decision(Action.REQUEUE, conclude_mod.decide.Reason.INFRA, "x"))
+    assert ended.value.code == 0 and not isinstance(ended.value, Exception)
+    assert slurm.calls[0] == ["scontrol", "requeue", "77"]
 
 
 # --- restart in place: only with every node alive -------------------------------------------------------------
