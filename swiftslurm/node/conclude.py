@@ -62,6 +62,8 @@ def conclude(
     reason, explanation = decide.classify(facts, plan.resilience.user_error_window_s)
     if reason is decide.Reason.UNKNOWN_STOP:
         explanation = f"{explanation} ({unknown_end})"
+    if observed.peer_failed:  # the wrapper killed it: its exit code says nothing of the cause
+        explanation = f"{explanation}; ended by its wrapper after another node's trainer failed"
     committed, _ = newest_committed(plan.output_dir)
     committed_step = checkpoint_step(committed) if committed else 0
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)

@@ -36,6 +36,7 @@ class Observed:
     hung: bool
     watch: ProgressWatch
     started: float
+    peer_failed: bool = False  # this node's trainer was ended because another node's failed
 
 
 def node_log_path(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
@@ -86,7 +87,7 @@ def train(
     code = watcher.until_exit()
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
-    return Observed(code, list(signals.received), watcher.hung, watch, started)
+    return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class _Watcher:
     sync: NodeSync | None
     peer_failed: Callable[[], bool] = lambda: False
     hung: bool = False
+    ended_for_peer: bool = False
     forwarded_at: float = 0.0
 
     def until_exit(self) -> int:
@@ -156,6 +158,7 @@ class _Watcher:
         # rank 0 may still be committing it.
         if not self.signals.received and self.peer_failed():
             print("[swiftslurm] another node's trainer failed: ending this node's", flush=True)
+            self.ended_for_peer = True
             self.trainer.kill()
 
 
