@@ -24,8 +24,8 @@ The baseline starts the same `swift sft` command (same checkpoint, same two node
 `srun`, without swiftslurm's wrapper) and times process start -> first step in its output, polled as
 often as the wrapper polls (0.5 s), split at ms-swift's main into d and e like the resumed attempt; the
 ratio of the two is what launching under swiftslurm adds. Prints markdown tables of min / median / max
-over the repeats. swiftslurm's own share is everything but the save (a1), SLURM's requeue delay (c2) and
-ms-swift's start-up (d, e).
+over the repeats. swiftslurm's own share is a2 + b1 + b2 + c1 + w: everything but the save (a1), SLURM's
+requeue delay (c2), SLURM's and submitit's launch of the wrapper (c3) and ms-swift's start-up (d, e).
 
 A failure instead of a preemption (--kill-repeats): each repeat kills rank 1's training process with
 SIGKILL once node 0 logs step 30, with both nodes alive, twice: once as configured (restart in place inside
@@ -92,7 +92,8 @@ SUMS = (
     ("c", "requeue -> wrapper up (SLURM)", ("c1", "c2", "c3")),
     ("total", "USR2 -> first resumed step", tuple(key for key, _ in PHASES)),
     ("a+b", "USR2 -> requeued", ("a1", "a2", "b1", "b2")),
-    ("own", "swiftslurm's share: all but a1, c2, d, e", ("a2", "b1", "b2", "c1", "c3", "w")),
+    ("own", "swiftslurm's share: a2 + b1 + b2 + c1 + w", ("a2", "b1", "b2", "c1", "w")),
+    ("own+c3", "the same plus batch script, srun, submitit start-up", ("a2", "b1", "b2", "c1", "c3", "w")),
 )
 KILL_PHASES = (
     ("k1", "kill -9 rank 1 -> decided (attempt record `end`)"),
