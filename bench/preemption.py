@@ -1,7 +1,8 @@
-"""Benchmark: from a preemption signal to the first resumed training step, on the local SLURM cluster.
+"""Benchmark: from a preemption signal (or a killed rank) to the first resumed training step, on the local
+SLURM cluster.
 
     bash scripts/slurm-local.sh up
-    .venv/bin/python bench/preemption.py [--repeats 3] [--run-root DIR]
+    .venv/bin/python bench/preemption.py [--repeats 3] [--run-root DIR] [--kill-repeats 3]
 
 Each repeat submits the tiny 2-node run (`+cluster=local-slurm swift.max_steps=200 swift.save_steps=100`),
 waits until node 0 logs step 30 or later, sends `scancel --signal=USR2 JOB` (what SLURM sends ahead of a
@@ -10,9 +11,9 @@ preemption), waits for the requeued job to complete, and reads the run directory
     USR2 at the wrapper (attempt record `signals`)
       a1  -> checkpoint written    newest mtime of the files in checkpoint-N (ms-swift / Transformers)
       a2  -> checkpoint committed  manifest `committed_at` (swiftslurm: barrier, checksums, manifest)
-      b1  -> trainer exited        mtime of logs/ATTEMPT/node0.json (ms-swift and torchrun shut down)
+      b1  -> trainer ended         mtime of logs/ATTEMPT/node0.json (the wrapper ends it at the commit)
       b2  -> requeued              attempt record `end`, written just before `scontrol requeue` (swiftslurm)
-      c1  -> old run ended         slurmctld.log "Requeuing JobId=N": the wrapper waits to be KILLed (KillWait)
+      c1  -> old run ended         slurmctld.log "Requeuing JobId=N" (the wrapper exits once SLURM accepted)
       c2  -> job allocated again   slurmctld.log "Allocate JobId=N" or backfill's "Started JobId=N" (requeue delay)
       c3  -> wrapper up            submitit's "Starting with JobEnvironment" (batch script, srun, Python)
       w   -> `swift` launched      next attempt record `start` (swiftslurm: imports, plan, resume point)
@@ -23,7 +24,14 @@ The baseline starts the same `swift sft` command (same checkpoint, same two node
 `srun`, without swiftslurm's wrapper) and times process start -> first step in its output, polled as
 often as the wrapper polls (0.5 s), split at ms-swift's main into d and e like the resumed attempt; the
 ratio of the two is what launching under swiftslurm adds. Prints markdown tables of min / median / max
-over the repeats.
+over the repeats. swiftslurm's own share is a2 + b1 + b2 + c1 + w: everything but the save (a1), SLURM's
+requeue delay (c2), SLURM's and submitit's launch of the wrapper (c3) and ms-swift's start-up (d, e).
+
+A failure instead of a preemption (--kill-repeats): each repeat kills rank 1's training process with
+SIGKILL once node 0 logs step 30, with both nodes alive, twice: once as configured (restart in place inside
+the job) and once with `resilience.max_restarts=0 resilience.backoff_base_s=0` (the requeue path, no
+back-off), and times kill -> decided (attempt record `end`) -> `swift` launched (next record `start`) ->
+ms-swift main -> first resumed step.
 """
 
 from __future__ import annotations
@@ -69,9 +77,9 @@ _CTLD_ALLOCATED = "sched: Allocate|_start_job: Started"  # main scheduler | back
 PHASES = (
     ("a1", "USR2 -> checkpoint written (ms-swift saves)"),
     ("a2", "-> checkpoint committed (swiftslurm manifest)"),
-    ("b1", "-> trainer exited (ms-swift, torchrun shut down)"),
+    ("b1", "-> trainer ended (swiftslurm ends it at the commit)"),
     ("b2", "-> requeued (swiftslurm decides, `scontrol requeue`)"),
-    ("c1", "-> old run ended (wrapper held until KILL: KillWait)"),
+    ("c1", "-> old run ended (the wrapper exits at the requeue)"),
     ("c2", "-> job allocated again (SLURM requeue delay)"),
     ("c3", "-> wrapper Python up (batch script, srun, submitit)"),
     ("w", "-> `swift` launched (swiftslurm start-up)"),
@@ -84,9 +92,19 @@ SUMS = (
     ("c", "requeue -> wrapper up (SLURM)", ("c1", "c2", "c3")),
     ("total", "USR2 -> first resumed step", tuple(key for key, _ in PHASES)),
     ("a+b", "USR2 -> requeued", ("a1", "a2", "b1", "b2")),
-    ("own", "swiftslurm's own work: a2 + b2 + w", ("a2", "b2", "w")),
-    ("own+c1", "the same plus holding the old run until KILL", ("a2", "b2", "c1", "w")),
+    ("own", "swiftslurm's share: a2 + b1 + b2 + c1 + w", ("a2", "b1", "b2", "c1", "w")),
+    ("own+c3", "the same plus batch script, srun, submitit start-up", ("a2", "b1", "b2", "c1", "c3", "w")),
 )
+KILL_PHASES = (
+    ("k1", "kill -9 rank 1 -> decided (attempt record `end`)"),
+    ("k2", "-> `swift` launched (next attempt's `start`)"),
+    ("d", "-> ms-swift main (imports, torchrun, model load)"),
+    ("e", "-> first resumed step (data, trainer, checkpoint load)"),
+)
+KILL_PATHS = {  # name -> extra overrides
+    "restart in place": (),
+    "requeue (max_restarts=0)": ("resilience.max_restarts=0", "resilience.backoff_base_s=0"),
+}
 
 
 @dataclass(frozen=True)
@@ -199,8 +217,8 @@ def requeue_marks(job_id: str) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------
 
 
-def submit(run_dir: Path) -> str:
-    overrides = [f"swift.max_steps={MAX_STEPS}", "swift.save_steps=100"]
+def submit(run_dir: Path, *extra: str) -> str:
+    overrides = [f"swift.max_steps={MAX_STEPS}", "swift.save_steps=100", *extra]
     argv = [sys.executable, "-m", "swiftslurm", "+cluster=local-slurm", f"run_dir={run_dir}", *overrides]
     done = subprocess.run(argv, cwd=run_dir.parent, capture_output=True, text=True, check=False)
     match = re.search(r"submitted job (\d+)", done.stdout)
@@ -258,6 +276,95 @@ def phases(run_dir: Path, job_id: str) -> tuple[dict[str, float], int]:
     ]
     spans = {key: later - earlier for (key, _), (earlier, later) in zip(PHASES, pairwise(times), strict=True)}
     return spans, resumed["resume_step"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A killed rank: restart in place vs requeue
+# ---------------------------------------------------------------------------------------------
+
+
+def rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The PID of the run's ms-swift training process of ``rank`` (its command line names sft.py and the
+    run's output dir; its environment, RANK)."""
+    output = str(run_dir / "output")
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if not any(a.endswith("swift/cli/sft.py") for a in argv[1:3]) or output not in argv:
+                continue
+            env = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if f"RANK={rank}" in env:
+            return int(entry.name)
+    return None
+
+
+def kill_and_finish(run_dir: Path, extra: tuple[str, ...]) -> tuple[str, float]:
+    """Submit, kill -9 rank 1 once node 0 logs step SIGNAL_AT_STEP, wait for the job to complete; return the
+    job id and when the kill was sent."""
+    job_id = submit(run_dir, *extra)
+    try:
+        wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP, lambda: ended_early(run_dir, job_id))
+        pid = rank_pid(run_dir, 1)
+        if pid is None:
+            raise RuntimeError("rank 1's training process was not found")
+        killed_at = time.time()
+        os.kill(pid, 9)
+    except (RuntimeError, OSError):
+        subprocess.run(["scancel", job_id], check=False)
+        raise
+    state = wait_for_state(job_id)
+    if state != "COMPLETED":
+        raise RuntimeError(f"job {job_id} ended {state}, not COMPLETED; see {run_dir}/logs")
+    return job_id, killed_at
+
+
+def kill_phases(run_dir: Path, killed_at: float, decision: str) -> dict[str, float]:
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    shape = [(r["reason"], r["decision"]) for r in records]
+    if shape != [("infra", decision), ("finished", "done")]:
+        raise RuntimeError(f"expected one {decision} then a finished attempt, got {shape}")
+    killed, resumed = records
+    node0_log = run_dir / "logs" / resumed["attempt"] / "node0.log"
+    times = [
+        killed_at,
+        killed["end"],
+        resumed["start"],
+        local_time(last_match(_SWIFT_MAIN, node0_log)[1]),
+        resumed["first_step_at"],
+    ]
+    return {key: later - earlier for (key, _), (earlier, later) in zip(KILL_PHASES, pairwise(times), strict=True)}
+
+
+def kill_repeats(run_root: Path, repeats: int) -> dict[str, list[dict[str, float]]]:
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in KILL_PATHS}
+    for index in range(repeats):
+        for name, extra in KILL_PATHS.items():
+            run_dir = Path(tempfile.mkdtemp(dir=run_root, prefix="kill-")) / "run"
+            try:
+                job_id, killed_at = kill_and_finish(run_dir, extra)
+                spans = kill_phases(run_dir, killed_at, "requeue" if extra else "restart")
+            except (RuntimeError, subprocess.SubprocessError) as err:
+                print(f"kill repeat {index} ({name}): unusable: {err}", flush=True)
+                continue
+            shown = " ".join(f"{key}={value:.2f}" for key, value in spans.items())
+            print(f"kill repeat {index} ({name}): job {job_id}: {shown}", flush=True)
+            runs[name].append(spans)
+    return runs
+
+
+def kill_table(runs: dict[str, list[dict[str, float]]]) -> str:
+    lines = ["| path | phase | from the previous mark to | min s | median s | max s |"]
+    lines.append("| --- | --- | --- | ---: | ---: | ---: |")
+    for name, spans in runs.items():
+        if not spans:
+            continue
+        lines += [stats_row(name, key, what, values=[s[key] for s in spans]) for key, what in KILL_PHASES]
+        lines.append(
+            stats_row(name, "**total**", "kill -> first resumed step", values=[sum(s.values()) for s in spans])
+        )
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +522,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--run-root", type=Path, help="where the run dirs go (default: a temp dir, removed after)")
+    parser.add_argument("--kill-repeats", type=int, default=0, help="repeats of the killed-rank comparison")
     args = parser.parse_args()
     if shutil.which("sbatch") is None:
         sys.exit("no SLURM here: start the local cluster with `bash scripts/slurm-local.sh up`")
@@ -422,11 +530,15 @@ def main() -> None:
     run_root.mkdir(parents=True, exist_ok=True)
     print(f"run root: {run_root}", flush=True)
     runs = run_repeats(run_root.resolve(), args.repeats)
-    if not runs:
+    killed = kill_repeats(run_root.resolve(), args.kill_repeats)
+    if not runs and not any(killed.values()):
         sys.exit(f"no usable repeat (run dirs kept in {run_root})")
     if args.run_root is None:
         shutil.rmtree(run_root, ignore_errors=True)
-    print(f"\n{len(runs)} repeat(s), seconds\n\n{phase_table(runs)}\n\n{baseline_table(runs)}")
+    if runs:
+        print(f"\n{len(runs)} repeat(s), seconds\n\n{phase_table(runs)}\n\n{baseline_table(runs)}")
+    if any(killed.values()):
+        print(f"\nkill -9 of rank 1, both nodes alive, seconds\n\n{kill_table(killed)}")
 
 
 if __name__ == "__main__":

@@ -169,6 +169,11 @@ class ResilienceConfig:
     exclude_host_s: float = doc(
         21600.0, "Seconds a host that failed an attempt stays excluded (never more hosts than the partition spares)."
     )
+    max_restarts: int = doc(
+        5,
+        "Restarts in place per allocation: after an `infra` failure with every node alive, the trainer starts "
+        "again on the same nodes, in the same job (no requeue); once these are spent the next failure requeues.",
+    )
     startup_timeout_s: float = doc(3600.0, "No first training step within this many seconds = hung (killed, retried).")
     hang_timeout_s: float = doc(1800.0, "No new training step for this many seconds = hung (killed, retried).")
     user_error_window_s: float = doc(

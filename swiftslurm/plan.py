@@ -103,6 +103,7 @@ class Resilience:
     backoff_base_s: float = 30.0
     backoff_max_s: float = 600.0
     exclude_host_s: float = 21600.0
+    max_restarts: int = 5
     startup_timeout_s: float = 3600.0
     hang_timeout_s: float = 1800.0
     user_error_window_s: float = 300.0

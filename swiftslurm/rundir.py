@@ -47,6 +47,7 @@ UPLOAD_HISTORY = "uploads.jsonl"
 LOGS = "logs"
 SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
 RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
+OUTCOME = "outcome.json"  # in logs/<attempt>/: node 0's word on what follows the attempt (restart or end)
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
 LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (node/lease.py)
 LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
@@ -110,6 +111,10 @@ def lease_lock(run_dir: Path) -> Path:
 
 def resume_file(run_dir: Path, attempt: str) -> Path:
     return attempt_dir(run_dir, attempt) / RESUME
+
+
+def outcome_file(run_dir: Path, attempt: str) -> Path:
+    return attempt_dir(run_dir, attempt) / OUTCOME
 
 
 def preflight_dir(run_dir: Path | str) -> Path:

@@ -66,6 +66,7 @@ def check_counts(cfg: Config) -> None:
         "backoff_base_s",
         "backoff_max_s",
         "exclude_host_s",
+        "max_restarts",
         "user_error_window_s",
     ):
         check_not_negative(f"resilience.{name}", getattr(res, name))

@@ -4,12 +4,14 @@
                      leads the run), close a lost attempt; preflight (first attempt)
     AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
     TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
-    | SIGNALLED      (every node then writes its result; only the leader goes on); SIGNALLED when a stop
-                     signal came before the resume point was published: no trainer starts, the leader
-                     tells the nodes still waiting and concludes (preempted, timed out: requeue)
-    CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json
+    | SIGNALLED      (every node then writes its result); SIGNALLED when a stop signal came before the
+                     resume point was published: no trainer starts, the leader tells the nodes still
+                     waiting and concludes (preempted, timed out: requeue)
+    CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json; publish the outcome
+    | AWAIT_OUTCOME  the others: wait for it (outcome.py); restart: the next attempt, else DONE
     FINISH_UPLOADS   leader with object storage: wait (bounded) for this attempt's uploads
-    ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here
+    ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here;
+                     restart: the next attempt inside this allocation, on every node (AGREE_ON_RESUME)
     DONE
 
 The leader records the phase it enters in status.json ("phase"); a leader without the lease records nothing.
@@ -32,9 +34,10 @@ from pathlib import Path
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node import decide, lease, preflight, preflight_checks, records
+from swiftslurm.node import decide, lease, outcome, preflight, preflight_checks, records
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
+from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
 from swiftslurm.node.signals import SignalLog
@@ -42,7 +45,7 @@ from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
 from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir, resume_file
+from swiftslurm.rundir import LEADER_BEAT, attempt_dir, node_result, resume_file
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 
@@ -56,6 +59,7 @@ class Phase(enum.Enum):
     SKIP = "skip"
     SIGNALLED = "signalled"
     CONCLUDE = "conclude"
+    AWAIT_OUTCOME = "await_outcome"
     FINISH_UPLOADS = "finish_uploads"
     ACT = "act"
     DONE = "done"
@@ -72,10 +76,13 @@ class NodeResult:
     why: str = ""
 
 
-def attempt_id(where: SlurmEnv) -> str:
-    """'<job id>' for a first attempt, '<job id>.r<N>' after the N-th requeue, 'local-<pid>' outside SLURM."""
+def attempt_id(where: SlurmEnv, restart: int = 0, retry: int = 0) -> str:
+    """'<job id>' for a first attempt, '<job id>.r<N>' after the N-th requeue, 'local-<pid>' outside SLURM;
+    then '.i<K>' for the K-th restart in place inside the allocation and '.retry<R>' for the R-th retry
+    outside SLURM. The one place attempt ids are made: every node computes the same one."""
     base = str(where.job_id) if where.in_slurm else f"local-{where.job_id or os.getpid()}"
-    return f"{base}.r{where.restart_count}" if where.restart_count else base
+    requeued = f".r{where.restart_count}" if where.restart_count else ""
+    return base + requeued + (f".i{restart}" if restart else "") + (f".retry{retry}" if retry else "")
 
 
 @dataclass
@@ -90,6 +97,7 @@ class Attempt:
     phase: Phase = Phase.PREPARE
     started: float = 0.0  # when this attempt began on this node
     retry: int = 0  # attempts retried in this process (no SLURM to requeue with)
+    restarts: int = 0  # restarts in place inside this allocation (this process)
     resume: ResumePoint | None = None
     sync: NodeSync | None = None
     observed: Observed | None = None
@@ -196,7 +204,8 @@ def _agree_on_resume(a: Attempt) -> Phase:
 def _train(a: Attempt) -> Phase:
     assert a.resume is not None
     token = a.lease.token if a.lease else None
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token)
+    peer = _PeerFailed(attempt_dir(a.run_dir, a.id), a.where)
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed)
     return _trained(a, a.resume, a.observed)
 
 
@@ -229,14 +238,28 @@ def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
     log = str(node_log_path(a.run_dir, a.id, a.where))
     a.result = NodeResult(a.where.node_id, socket.gethostname(), observed.exit_code, log, resumed_from)
     records.write_node_result(attempt_dir(a.run_dir, a.id), a.where.node_id, a.result.hostname, observed.exit_code)
-    return Phase.CONCLUDE if a.leader else Phase.DONE
+    return Phase.CONCLUDE if a.leader else Phase.AWAIT_OUTCOME
 
 
 def _conclude(a: Attempt) -> Phase:
     assert a.resume is not None and a.observed is not None and a.result is not None
-    a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed)
+    here = attempt_dir(a.run_dir, a.id)
+    with LeaderBeat(here / LEADER_BEAT).running() as beat:  # the others wait for the outcome meanwhile
+        beat.doing("concluding the attempt")
+        a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts)
+    restart = a.decision.action is decide.Action.RESTART
+    next_attempt = attempt_id(a.where, a.restarts + 1, a.retry) if restart else None
+    outcome.publish(here, outcome.Outcome(a.decision.action.value if restart else outcome.END, next_attempt), a.nonce)
     a.result = replace(a.result, decision=a.decision.action.value, why=a.decision.why)
     return Phase.FINISH_UPLOADS if a.sync is not None else Phase.ACT
+
+
+def _await_outcome(a: Attempt) -> Phase:
+    """A follower whose trainer ended: node 0 says whether every node restarts in place or this node exits."""
+    said = outcome.wait_for(attempt_dir(a.run_dir, a.id), a.nonce)
+    if said.action != decide.Action.RESTART.value or said.next_attempt is None:
+        return Phase.DONE
+    return _next_attempt(a, said.next_attempt)
 
 
 def _finish_uploads(a: Attempt) -> Phase:
@@ -255,6 +278,8 @@ def _finish_uploads(a: Attempt) -> Phase:
 
 def _act(a: Attempt) -> Phase:
     assert a.decision is not None
+    if a.decision.action is decide.Action.RESTART:
+        return _restart(a)
     if a.decision.action is not decide.Action.REQUEUE:
         return Phase.DONE
     if a.where.in_slurm:
@@ -264,8 +289,43 @@ def _act(a: Attempt) -> Phase:
     a.signals.forget(len(a.observed.signals))  # acted on; one that came since is the next attempt's
     a.started = time.time()
     a.retry += 1
-    a.id = f"{attempt_id(a.where)}.retry{a.retry}"
+    a.id = attempt_id(a.where, a.restarts, a.retry)
     return Phase.AGREE_ON_RESUME
+
+
+def _restart(a: Attempt) -> Phase:
+    """The leader starts the next attempt in this allocation (the others do on its published outcome): no
+    requeue, no back-off; it is opened like a new job's (attempt_open.json, status.json "running")."""
+    _next_attempt(a, attempt_id(a.where, a.restarts + 1, a.retry))
+    if (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id, a.lease)) is not None:
+        return _stopped(a, why)
+    return Phase.AGREE_ON_RESUME
+
+
+def _next_attempt(a: Attempt, next_id: str) -> Phase:
+    """Every node, on a restart in place: the next attempt, with the signals the last one acted on forgotten
+    (one that came since is the next attempt's: it ends that one before it trains)."""
+    assert a.observed is not None
+    print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: restarting in place as {next_id}", flush=True)
+    a.signals.forget(len(a.observed.signals))
+    a.restarts += 1
+    a.id, a.started = next_id, time.time()
+    a.resume = a.observed = a.decision = None
+    return Phase.AGREE_ON_RESUME
+
+
+@dataclass
+class _PeerFailed:
+    """Whether another node's trainer of this attempt ended with a failure (its node result says so). The
+    trainers form one static world: once one is gone, the others can only fail or hang in their next
+    collective, so each node ends its own at once and the outcome (a restart in place) is not held up."""
+
+    attempt_dir: Path
+    where: SlurmEnv
+
+    def failed(self) -> bool:
+        peers = (n for n in range(max(self.where.num_nodes, 1)) if n != self.where.node_id)
+        return any(records.read_node_exit_code(node_result(self.attempt_dir, n)) not in (None, 0) for n in peers)
 
 
 @dataclass
@@ -305,6 +365,7 @@ PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
     Phase.SKIP: _skip,
     Phase.SIGNALLED: _signalled,
     Phase.CONCLUDE: _conclude,
+    Phase.AWAIT_OUTCOME: _await_outcome,
     Phase.FINISH_UPLOADS: _finish_uploads,
     Phase.ACT: _act,
 }

@@ -42,9 +42,16 @@ END_TIME_PAUSE_S = 2.0
 
 
 def conclude(
-    plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, observed: Observed
+    plan: JobPlan,
+    where: SlurmEnv,
+    run_dir: Path,
+    attempt: str,
+    resume: ResumePoint,
+    observed: Observed,
+    restarts: int = 0,
 ) -> decide.Decision:
-    """Leader: classify the attempt, fold it into the run's history, decide, and write it all down."""
+    """Leader: classify the attempt, fold it into the run's history, decide, and write it all down.
+    ``restarts``: the restarts in place this allocation has made so far."""
     signal_reason, unknown_end = _signal_reason(observed, where, plan)
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
@@ -55,10 +62,13 @@ def conclude(
     reason, explanation = decide.classify(facts, plan.resilience.user_error_window_s)
     if reason is decide.Reason.UNKNOWN_STOP:
         explanation = f"{explanation} ({unknown_end})"
+    if observed.peer_failed:  # the wrapper killed it: its exit code says nothing of the cause
+        explanation = f"{explanation}; ended by its wrapper after another node's trainer failed"
     committed, _ = newest_committed(plan.output_dir)
     committed_step = checkpoint_step(committed) if committed else 0
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
-    decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan))
+    allocation = _allocation(attempt_dir(run_dir, attempt), hosts, reason, blamed, restarts)
+    decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan), allocation)
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
         how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
@@ -242,6 +252,18 @@ def _node_states(hosts: list[str]) -> dict[str, str]:
         return dict.fromkeys(hosts, f"unknown ({decide.one_line(str(err), 120)})")
 
 
+def _allocation(
+    attempt_dir: Path, hosts: tuple[str, ...], reason: decide.Reason, blamed: tuple[str, str] | None, restarts: int
+) -> decide.Allocation | None:
+    """What a restart in place needs to know (None when it cannot be one: not a RESTARTABLE reason). Every
+    node is alive when none is blamed and each wrote its result: its wrapper is there to start the next
+    attempt (a peer's trainer ends at once when another's fails: watch.py)."""
+    if reason not in decide.RESTARTABLE:
+        return None
+    alive = blamed is None and not records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
+    return decide.Allocation(all_alive=alive, restarts=restarts)
+
+
 def _spare_nodes(plan: JobPlan) -> int:
     """Nodes of the partition beyond those the job needs and those the cluster config excludes already: how
     many hosts may be excluded without making the job unschedulable (0 when SLURM cannot say)."""
@@ -271,7 +293,7 @@ def _history(run_dir: Path, reason: decide.Reason, progressed: bool, failed: str
 def _state(decision: decide.Decision, cancelled: bool) -> str:
     if cancelled:
         return "cancelled"
-    return {"done": "finished", "requeue": "requeued", "stop": "failed"}[decision.action.value]
+    return {"done": "finished", "requeue": "requeued", "restart": "restarting", "stop": "failed"}[decision.action.value]
 
 
 def _record(

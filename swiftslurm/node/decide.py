@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -36,6 +36,7 @@ class Reason(str, Enum):
 class Action(str, Enum):
     DONE = "done"  # the run is complete
     REQUEUE = "requeue"  # start another attempt of the same job after Decision.delay_s
+    RESTART = "restart"  # start the trainer again on the same nodes, inside the same allocation (no requeue)
     STOP = "stop"  # give up; Decision.why tells a person what to do
 
 
@@ -246,6 +247,7 @@ class Budget:
     backoff_base_s: float = 30  # wait after the first infrastructure failure; doubles with each one in a row
     backoff_max_s: float = 600
     exclude_host_s: float = 21600  # how long a failed host stays excluded, in seconds
+    max_restarts: int = 5  # in-place restarts in one allocation; the failure after them is requeued
 
 
 @dataclass(frozen=True)
@@ -322,11 +324,31 @@ def exclusions(history: History, budget: Budget, now: float, spare_nodes: int) -
     return tuple(sorted(fresh[: max(0, spare_nodes)]))
 
 
+@dataclass(frozen=True)
+class Allocation:
+    """The allocation the attempt ran in, as node 0 sees it once the attempt ended."""
+
+    all_alive: bool  # every node's wrapper wrote its result and no host is blamed (see `blame`)
+    restarts: int = 0  # in-place restarts already made in this allocation
+
+
+# Reasons that may restart in place: a crash, a NCCL error, a hang (classified INFRA). A stop signal means
+# SLURM wants the nodes back (requeue); a user error fails the same way again.
+RESTARTABLE = frozenset({Reason.INFRA})
+
+
 def decide(
-    reason: Reason, explanation: str, history: History, budget: Budget, now: float = 0.0, spare_nodes: int = 0
+    reason: Reason,
+    explanation: str,
+    history: History,
+    budget: Budget,
+    now: float = 0.0,
+    spare_nodes: int = 0,
+    allocation: Allocation | None = None,
 ) -> Decision:
-    """Finish, requeue or stop after an attempt ended for `reason` (see `classify`). `now` and `spare_nodes`
-    bound the exclusions (see `exclusions`); without them nothing is excluded."""
+    """Finish, restart in place, requeue or stop after an attempt ended for `reason` (see `classify`). `now`
+    and `spare_nodes` bound the exclusions (see `exclusions`); without them nothing is excluded. Without
+    `allocation` (nothing known about the nodes) nothing restarts in place."""
     exclude = exclusions(history, budget, now, spare_nodes)
     decision = decide_by_reason(reason, explanation, history, budget, exclude)
     counted = history.attempts - history.preemptions
@@ -336,7 +358,27 @@ def decide(
             f"if the run still makes progress, raise `resilience.max_attempts` and {RESUBMIT}"
         )
         return Decision(Action.STOP, reason, why)
-    return decision
+    return restart_in_place(decision, allocation, budget) if allocation is not None else decision
+
+
+def restart_in_place(decision: Decision, allocation: Allocation, budget: Budget) -> Decision:
+    """A requeue turned into a restart inside the same allocation, when that is safe: the reason is
+    RESTARTABLE, every node is alive, and the allocation's restart budget is not spent. Otherwise the
+    decision stands: a lost node, a spent budget or SLURM's own request (preemption, time limit) requeue.
+    No back-off: the nodes are known good, and a failure that repeats without progress stops the run
+    (`decide_infra`), whichever way it was retried."""
+    if decision.action is not Action.REQUEUE or decision.reason not in RESTARTABLE or not allocation.all_alive:
+        return decision
+    if allocation.restarts >= budget.max_restarts:
+        spent = f"the {budget.max_restarts} restarts in place of this allocation are spent (`resilience.max_restarts`)"
+        return replace(decision, why=f"{decision.why}; {spent}")
+    number = allocation.restarts + 1
+    why = decision.why.partition("; requeued")[0]
+    return Decision(
+        Action.RESTART,
+        decision.reason,
+        f"{why}; every node is alive: restarted in place ({number} of {budget.max_restarts})",
+    )
 
 
 def decide_by_reason(
@@ -386,8 +428,9 @@ def decide_infra(explanation: str, history: History, budget: Budget, exclude: tu
     failures = history.consecutive_failures
     if failures > budget.max_consecutive_failures:
         why = (
-            f"{failures} infrastructure failures in a row without progress: {explanation}; stopped: check the "
-            f"nodes and the node logs, then {RESUBMIT} (or raise `resilience.max_consecutive_failures`)"
+            f"stopped: no progress: the committed step has not advanced across {failures} infrastructure "
+            f"failures in a row (restarts and requeues), the last: {explanation}; not requeued: check the nodes "
+            f"and the node logs, then {RESUBMIT} (or raise `resilience.max_consecutive_failures`)"
         )
         return Decision(Action.STOP, Reason.INFRA, why)
     # Exponential back-off; an INFRA attempt that still committed a checkpoint (count 0) waits the base time.

@@ -78,6 +78,9 @@ class Trainer:
         return targets
 
     def kill(self) -> int:
-        """KILL everything the trainer started (a hung run cannot be asked politely)."""
+        """KILL everything the trainer started (a hung run cannot be asked politely); once it has ended, nothing
+        more: its PID may be another process's by now."""
+        if (code := self.proc.poll()) is not None:
+            return code
         self.signal_all(signal.SIGKILL)
         return self.wait()

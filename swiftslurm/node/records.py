@@ -80,6 +80,15 @@ def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -
     write_json_atomic(node_result(attempt_dir, node), {"node": node, "host": host, "exit_code": exit_code})
 
 
+def read_node_exit_code(path: Path) -> int | None:
+    """The trainer's exit code in a node result (write_node_result), or None while there is none."""
+    try:
+        code = json.loads(path.read_text()).get("exit_code")
+    except (OSError, ValueError, AttributeError):  # not written yet, or being replaced
+        return None
+    return code if isinstance(code, int) else None
+
+
 def silent_hosts(attempt_dir: Path, hosts: tuple[str, ...], wait_s: float, poll_s: float = 1.0) -> list[str]:
     """Hosts whose wrapper wrote no result within ``wait_s``: lost nodes (or killed wrappers)."""
     deadline = time.time() + wait_s

@@ -1,10 +1,9 @@
 """Put this SLURM job back in the queue (same job id) for the next attempt, with the decision's exclusions
-and back-off, and wait for SLURM to end this attempt."""
+and back-off, and end this attempt's process at once (Requeued)."""
 
 from __future__ import annotations
 
 import signal
-import time
 from typing import NoReturn
 
 from swiftslurm import slurm_cli
@@ -14,8 +13,22 @@ from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
 from swiftslurm.plan import JobPlan
 
 
+class Requeued(SystemExit):
+    """SLURM has accepted the requeue: this process ends now, with exit code 0, and returns nothing. Not
+    returning matters: submitit would record the returned value as the job's result, and its waiter
+    (`wait=true`) would take the requeued job for finished. A SystemExit passes submitit's `except
+    Exception` around the job without a result being written, unwinds this process's own cleanups, and ends
+    it before SLURM's KillWait instead of being KILLed after it (the old run's step ends, and the job is
+    pending again, ~KillWait sooner: docs/resilience.md, "Measured")."""
+
+    def __init__(self, job: str) -> None:
+        super().__init__(0)
+        self.job = job
+
+
 def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoReturn:
-    """Requeue this job (same id); exclusions and back-off are set on it once it is pending again."""
+    """Requeue this job (same id); exclusions and back-off are set on it once it is pending again; then
+    raise Requeued."""
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     job = str(where.job_id)
@@ -32,10 +45,8 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
             slurm_cli.run(["scontrol", "update", f"JobId={job}", "ExcNodeList="])
         except SwiftSlurmError as err:  # the job keeps its old exclusions: it still runs, on fewer nodes
             print(f"[swiftslurm] could not clear the job's excluded nodes: {err}", flush=True)
-    # Wait here for SLURM to end this attempt (TERM is ignored, KILL follows after KillWait): returning
-    # would let submitit record a result, and its waiter would take the requeued job for finished.
-    while True:
-        time.sleep(60)
+    print(f"[swiftslurm] job {job} requeued: this attempt ends now", flush=True)
+    raise Requeued(job)
 
 
 def _updates(plan: JobPlan, decision: decide.Decision) -> list[str]:

@@ -36,6 +36,7 @@ class Observed:
     hung: bool
     watch: ProgressWatch
     started: float
+    peer_failed: bool = False  # this node's trainer was ended because another node's failed
 
 
 def node_log_path(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
@@ -69,9 +70,12 @@ def train(
     sync: NodeSync | None,
     signals: SignalLog,
     lease_token: int | None = None,
+    peer_failed: Callable[[], bool] = lambda: False,
 ) -> Observed:
-    """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers; the
-    leader kills it if it hangs and hands each newly committed checkpoint to the background uploader."""
+    """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers and end
+    it once the checkpoint they asked for is committed; end it when ``peer_failed()`` (another node's trainer
+    failed); the leader kills it if it hangs and hands each newly committed checkpoint to the background
+    uploader."""
     engine = engine_for(plan.launcher)
     extra = engine.resume_args(resume.checkpoint, plan.swift_argv) if resume.checkpoint else ()
     log_path = node_log_path(run_dir, attempt, where)
@@ -79,11 +83,11 @@ def train(
     cpu_before = _own_cpu_s()
     watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
     trainer = Trainer(swift_command(plan, extra), trainer_env(plan, where, run_dir, lease_token), log_path, cwd=run_dir)
-    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync)
+    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, peer_failed)
     code = watcher.until_exit()
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
-    return Observed(code, list(signals.received), watcher.hung, watch, started)
+    return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer)
 
 
 @dataclass
@@ -97,7 +101,9 @@ class _Watcher:
     signals: SignalLog
     watch: ProgressWatch
     sync: NodeSync | None
+    peer_failed: Callable[[], bool] = lambda: False
     hung: bool = False
+    ended_for_peer: bool = False
     forwarded_at: float = 0.0
 
     def until_exit(self) -> int:
@@ -113,6 +119,8 @@ class _Watcher:
             self.sync.poll(now)
         self.kill_if_hung(now)
         self.kill_if_save_overdue(now)
+        self.end_once_saved()
+        self.end_if_peer_failed()
 
     def forward_stop(self, now: float) -> None:
         received = self.signals.received
@@ -134,6 +142,23 @@ class _Watcher:
         if received and now - received[0][1] > self.plan.resilience.signal_lead_s:
             # The save had its whole lead time; something (e.g. torchrun's exit barrier waiting for a
             # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
+            self.trainer.kill()
+
+    def end_once_saved(self) -> None:
+        received = self.signals.received
+        if received and _saved_since(self.plan, received[0][1]):
+            # The checkpoint the stop signal asked for is committed (its manifest is written last): all the
+            # next attempt needs. ms-swift's and torchrun's shutdown after it took 5-60 s (docs/resilience.md,
+            # "Measured"), time taken from the requeue; nothing of it is kept.
+            print("[swiftslurm] the stop checkpoint is committed: ending the trainer", flush=True)
+            self.trainer.kill()
+
+    def end_if_peer_failed(self) -> None:
+        # Not after a stop signal: then peers end on their own after their part of the save, and this node's
+        # rank 0 may still be committing it.
+        if not self.signals.received and self.peer_failed():
+            print("[swiftslurm] another node's trainer failed: ending this node's", flush=True)
+            self.ended_for_peer = True
             self.trainer.kill()
 
 

@@ -74,11 +74,15 @@ def wait_until(probe: Callable[[], T | None], timeout_s: float, what: str, poll_
         time.sleep(poll_s)
 
 
+ATTEMPT_ORDER = re.compile(r"^\d+(?:\.r(\d+))?(?:\.i(\d+))?$")
+
+
 def attempt_ids(run_dir: Path) -> list[str]:
-    """The attempts that have a log folder, oldest first: '<job>', '<job>.r1', '<job>.r2', ..."""
+    """The attempts that have a log folder, oldest first: '<job>', '<job>.i1' (restarted in place),
+    '<job>.r1' (requeued), '<job>.r1.i1', ..."""
     logs = run_dir / "logs"
-    names = [p.name for p in logs.iterdir() if p.is_dir()] if logs.is_dir() else []
-    return sorted(names, key=lambda name: int(name.partition(".r")[2] or 0))
+    names = [p.name for p in logs.iterdir() if p.is_dir() and ATTEMPT_ORDER.match(p.name)] if logs.is_dir() else []
+    return sorted(names, key=lambda name: tuple(int(n or 0) for n in ATTEMPT_ORDER.match(name).groups()))  # type: ignore[union-attr]
 
 
 def node_log(run_dir: Path, attempt: str, node: int) -> str:
@@ -385,8 +389,8 @@ def assert_kill_history(
     by_attempt = {r["attempt"]: r for r in records}
     assert set(by_attempt) >= {s.attempt for s in seen}, (list(by_attempt), seen)
     for record in records[:-1]:
-        if record["attempt"] in kills or not record.get("signals"):
-            assert (record["reason"], record["decision"]) == ("infra", "requeue"), record
+        if record["attempt"] in kills or not record.get("signals"):  # both nodes alive: restarted in place
+            assert record["reason"] == "infra" and record["decision"] in ("restart", "requeue"), record
             assert record["exit_code"] != 0, record
         else:  # stopped by a signal from outside (another test's urgent job preempted it): not ours to judge
             assert record["decision"] == "requeue", record

@@ -88,8 +88,10 @@ def conclude(
     exit_code: int = 0,
     signals: list[tuple[int, float]] | None = None,
     results: tuple[int, ...] = (0,),
+    restarts: int = 0,
 ) -> Decision:
-    """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result."""
+    """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result;
+    `restarts`: the restarts in place the allocation has made (5 spends the default budget: a requeue)."""
     plan = a_plan(tmp_path)
     run_dir = Path(plan.run_dir)
     here = attempt_dir(run_dir, ATTEMPT)
@@ -100,7 +102,7 @@ def conclude(
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
     observed = Observed(exit_code, signals or [], False, watch, time.time() - 3600)
-    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed)
+    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
 
 
 def recorded(tmp_path: Path) -> dict[str, object]:
@@ -181,14 +183,14 @@ def test_an_exclusion_expires(tmp_path: Path, slurm: FakeSlurm) -> None:
     seven_hours_ago = time.time() - 7 * 3600
     failed = {"reason": "infra", "decision": "requeue", "failed_host": "node9", "end": seven_hours_ago}
     past_attempts(tmp_path, {"attempt": "77.0x", **failed})
-    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1), restarts=5)
     assert decision.action is Action.REQUEUE and decision.exclude_hosts == ()
 
 
 def test_a_recent_exclusion_is_kept(tmp_path: Path, slurm: FakeSlurm) -> None:
     failed = {"reason": "infra", "decision": "requeue", "failed_host": "node9", "end": time.time() - 600}
     past_attempts(tmp_path, {"attempt": "77.0x", **failed})
-    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1), restarts=5)
     assert decision.exclude_hosts == ("node9",)
 
 
@@ -205,16 +207,56 @@ def test_exclusions_never_leave_fewer_nodes_than_the_job_needs(
 def test_a_requeue_without_exclusions_clears_the_jobs_old_ones(
     tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Requeued(Exception):
-        pass
-
-    def stop_waiting(_s: float) -> None:
-        raise Requeued
-
-    monkeypatch.setattr(time, "sleep", stop_waiting)
     monkeypatch.setattr(signal, "signal", lambda *_: None)
     monkeypatch.setattr(slurm_cli, "run", lambda argv: slurm.calls.append(argv) or "")
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
-    with pytest.raises(Requeued):
+    with pytest.raises(requeue_mod.Requeued):
         requeue_mod.requeue(where, a_plan(tmp_path), Decision(Action.REQUEUE, conclude_mod.decide.Reason.INFRA, "x"))
     assert ["scontrol", "update", "JobId=77", "ExcNodeList="] in slurm.calls
+
+
+def test_the_old_attempt_ends_as_soon_as_the_requeue_is_accepted(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No hold until SLURM's KILL (KillWait): the process ends with 0 and no result for submitit to record
+    (a SystemExit passes its `except Exception` around the job)."""
+
+    def held(_s: float) -> None:
+        raise AssertionError("the wrapper waits for SLURM to KILL it after the requeue")
+
+    monkeypatch.setattr(time, "sleep", held)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    monkeypatch.setattr(slurm_cli, "run", lambda argv: slurm.calls.append(argv) or "")
+    where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
+    with pytest.raises(SystemExit) as ended:
+        requeue_mod.requeue(where, a_plan(tmp_path), Decision(Action.REQUEUE, conclude_mod.decide.Reason.INFRA, "x"))
+    assert ended.value.code == 0 and not isinstance(ended.value, Exception)
+    assert slurm.calls[0] == ["scontrol", "requeue", "77"]
+
+
+# --- restart in place: only with every node alive -------------------------------------------------------------
+
+
+def test_a_failure_with_every_node_alive_restarts_in_place(tmp_path: Path, slurm: FakeSlurm) -> None:
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    assert (decision.action, decision.delay_s) == (Action.RESTART, 0)
+    assert (recorded(tmp_path)["decision"], records.read_status(tmp_path / "run")["state"]) == ("restart", "restarting")  # type: ignore[index]
+
+
+def test_a_node_without_a_result_is_not_alive_enough_to_restart_in_place(tmp_path: Path, slurm: FakeSlurm) -> None:
+    """SLURM does not call node2 down (no blame, no exclusion), but its wrapper wrote nothing: requeue."""
+    decision = conclude(tmp_path, exit_code=1, results=(0,))
+    assert decision.action is Action.REQUEUE and decision.exclude_hosts == ()
+
+
+def test_a_blamed_host_requeues_without_it(tmp_path: Path, slurm: FakeSlurm) -> None:
+    here = attempt_dir(tmp_path / "run", ATTEMPT)
+    here.mkdir(parents=True)
+    node_log(here, 1).write_text("[rank1]: Traceback (most recent call last):\n[rank1]: " + ILLEGAL_ACCESS)
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    assert decision.action is Action.REQUEUE and decision.exclude_hosts == ("node2",)
+
+
+def test_a_stop_signal_requeues_even_with_every_node_alive(tmp_path: Path, slurm: FakeSlurm) -> None:
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())], results=(0, 1))
+    assert decision.action is Action.REQUEUE

@@ -8,6 +8,7 @@ import pytest
 
 from swiftslurm.node.decide import (
     Action,
+    Allocation,
     AttemptFacts,
     Budget,
     Decision,
@@ -380,7 +381,8 @@ def test_consecutive_failures_back_off_and_exclude_failed_hosts(
         assert decision.exclude_hosts == ("gpu-a1", "gpu-b2")
         assert "excluding gpu-a1,gpu-b2" in decision.why
     else:
-        assert decision.why.startswith("4 infrastructure failures in a row without progress: NCCL error")
+        assert decision.why.startswith("stopped: no progress: the committed step has not advanced across 4")
+        assert "the last: NCCL error" in decision.why
 
 
 def test_backoff_is_capped() -> None:
@@ -585,3 +587,61 @@ def test_history_keeps_when_each_host_last_failed() -> None:
     assert history_of(recorded) == history_after(
         history_after(None, Reason.INFRA, False, "gpu-b2", 100.0), Reason.INFRA, False, None, 150.0
     )
+
+
+# --- restart in place: every node alive, within the allocation's restart budget ---------------------------
+
+ALIVE = Allocation(all_alive=True, restarts=0)
+
+
+@pytest.mark.parametrize(
+    ("reason", "allocation", "action"),
+    [
+        (Reason.INFRA, ALIVE, Action.RESTART),  # a worker crash, a NCCL error, a hang: restart on the same nodes
+        (Reason.INFRA, Allocation(all_alive=True, restarts=4), Action.RESTART),  # the 5th of 5
+        (Reason.INFRA, Allocation(all_alive=True, restarts=5), Action.REQUEUE),  # the budget is spent
+        (Reason.INFRA, Allocation(all_alive=False), Action.REQUEUE),  # a node is lost
+        (Reason.INFRA, None, Action.REQUEUE),  # nothing known about the nodes
+        (Reason.PREEMPTED, ALIVE, Action.REQUEUE),  # SLURM wants the nodes back
+        (Reason.TIMED_OUT, ALIVE, Action.REQUEUE),
+        (Reason.UNKNOWN_STOP, ALIVE, Action.REQUEUE),
+        (Reason.USER_ERROR, ALIVE, Action.STOP),  # fails the same way again
+        (Reason.FINISHED, ALIVE, Action.DONE),
+    ],
+)
+def test_restart_in_place_only_when_every_node_is_alive_and_slurm_did_not_ask(
+    reason: Reason, allocation: Allocation | None, action: Action
+) -> None:
+    past = history(consecutive_failures=1 if reason is Reason.INFRA else 0, timeouts=1, unknown_stops=1)
+    assert decide(reason, "worker killed", past, Budget(), allocation=allocation).action is action
+
+
+def test_restart_in_place_has_no_backoff_and_says_which_restart_it_is() -> None:
+    decision = decide(Reason.INFRA, "NCCL error", history(consecutive_failures=2), Budget(), allocation=ALIVE)
+    assert (decision.delay_s, decision.exclude_hosts) == (0, ())
+    assert decision.why == "infrastructure failure: NCCL error; every node is alive: restarted in place (1 of 5)"
+
+
+def test_a_spent_restart_budget_requeues_and_names_the_setting() -> None:
+    spent = Allocation(all_alive=True, restarts=2)
+    decision = decide(
+        Reason.INFRA, "NCCL error", history(consecutive_failures=1), Budget(max_restarts=2), allocation=spent
+    )
+    assert (decision.action, decision.delay_s) == (Action.REQUEUE, 30)
+    assert "restarts in place of this allocation are spent (`resilience.max_restarts`)" in decision.why
+
+
+def test_restarts_without_progress_stop_the_run_with_no_progress() -> None:
+    """The committed step has not advanced across max_consecutive_failures restarts: stop, never requeue."""
+    stuck = history(consecutive_failures=Budget().max_consecutive_failures + 1)
+    decision = decide(Reason.INFRA, "trainer killed by SIGKILL", stuck, Budget(), allocation=ALIVE)
+    assert decision.action is Action.STOP
+    assert decision.why.startswith("stopped: no progress")
+
+
+def test_restarts_count_in_the_history_like_any_infra_attempt() -> None:
+    recorded = [
+        {"reason": "infra", "decision": "restart", "progressed": False, "end": 1.0},
+        {"reason": "infra", "decision": "restart", "progressed": False, "end": 2.0},
+    ]
+    assert history_of(recorded) == history(attempts=2, consecutive_failures=2, failed_hosts=())

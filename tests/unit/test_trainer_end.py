@@ -1,0 +1,85 @@
+"""watch.py ends the trainer as soon as there is nothing left to wait for: once the checkpoint a stop signal
+asked for is committed (not after ms-swift's and torchrun's shutdown), and once another node's trainer of the
+same attempt has failed (not after a collective time-out)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from swiftslurm.node.ckpt.checkpoint import commit
+from swiftslurm.node.launch import Trainer
+from swiftslurm.node.progress import ProgressWatch
+from swiftslurm.node.signals import SignalLog
+from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.node.watch import _Watcher
+from swiftslurm.rundir import output_dir
+from tests.conftest import plan_for
+
+SHUTTING_DOWN = "import time; time.sleep(600)"  # a trainer whose shutdown never ends on its own
+
+
+@pytest.fixture
+def watcher(tmp_path: Path) -> Iterator[Callable[[SignalLog, Callable[[], bool]], _Watcher]]:
+    started: list[Trainer] = []
+
+    def make(signals: SignalLog, peer_failed: Callable[[], bool]) -> _Watcher:
+        plan = plan_for(f"run_dir={tmp_path}")
+        trainer = Trainer([sys.executable, "-c", SHUTTING_DOWN], {}, tmp_path / "node0.log", cwd=tmp_path)
+        started.append(trainer)
+        watch = ProgressWatch(tmp_path / "node0.log", time.time(), re.compile(r"(\d+)/(\d+)"))
+        where = SlurmEnv.from_environ({})
+        return _Watcher(plan, where, trainer, lambda _pid: [], signals, watch, None, peer_failed)
+
+    yield make
+    for trainer in started:
+        trainer.kill()
+
+
+def committed_now(run_dir: Path, step: int) -> None:
+    folder = output_dir(run_dir) / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    commit(folder, world_size=2, swift_version="test")
+
+
+def stop_signal() -> SignalLog:
+    signals = SignalLog()
+    signals.record(signal.SIGUSR2)
+    return signals
+
+
+def test_the_trainer_ends_once_the_stop_checkpoint_is_committed(tmp_path: Path, watcher) -> None:  # type: ignore[no-untyped-def]
+    running = watcher(stop_signal(), lambda: False)
+    running.tick(time.time())
+    assert running.trainer.poll() is None  # saving: nothing committed since the signal yet
+    committed_now(tmp_path, 10)
+    running.tick(time.time())
+    assert running.trainer.poll() == -signal.SIGKILL
+
+
+def test_a_checkpoint_committed_before_the_signal_does_not_end_the_trainer(tmp_path: Path, watcher) -> None:  # type: ignore[no-untyped-def]
+    committed_now(tmp_path, 10)
+    time.sleep(0.01)  # the signal comes after that commit
+    running = watcher(stop_signal(), lambda: False)
+    running.tick(time.time())
+    assert running.trainer.poll() is None
+
+
+def test_a_failed_peer_ends_this_nodes_trainer(watcher) -> None:  # type: ignore[no-untyped-def]
+    running = watcher(SignalLog(), lambda: True)
+    running.tick(time.time())
+    assert running.trainer.poll() == -signal.SIGKILL and running.ended_for_peer
+
+
+def test_after_a_stop_signal_a_peer_that_ended_does_not_end_this_trainer(watcher) -> None:  # type: ignore[no-untyped-def]
+    """Peers end after their part of the save; this node's rank 0 may still be committing it."""
+    running = watcher(stop_signal(), lambda: True)
+    running.tick(time.time())
+    assert running.trainer.poll() is None
