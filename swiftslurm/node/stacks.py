@@ -3,10 +3,12 @@
 Each rank registered a stack dump on DUMP_SIGNAL when it imported swiftslurm's plugin (hooks.py:
 faulthandler, into logs/ATTEMPT/stacks/rank<R>.txt). When node 0's watchdog finds the run hung it writes
 logs/ATTEMPT/hang.json (`ask`); every node's wrapper sees it on its next poll and signals its own ranks
-(`dump_ranks`; a wrapper can only signal the processes of its own node); node 0 waits, bounded, until each
-rank's file holds its stacks (`wait_for_stacks`), then kills its trainer, and the attempt ends as hung
-(requeued or restarted like any infrastructure failure). A node whose wrapper does not see hang.json in
-time (a shared file system's attribute cache) leaves its ranks' files empty: the record says which.
+(`dump_ranks`; a wrapper can only signal the processes of its own node), waits (bounded) until they have
+written them (`wait_for_stacks`) and kills its trainer; node 0 waits the same way for every rank's, then
+kills its own, and the attempt ends as hung (requeued or restarted like any infrastructure failure). The
+wait is for the ranks that registered (their file exists): a rank still importing has nothing to write. A
+node whose wrapper does not see hang.json in time (a shared file system's attribute cache) leaves its ranks'
+files empty; the record names the ranks without stacks.
 
 Why faulthandler rather than py-spy (installable from PyPI): py-spy must ptrace the ranks, which Yama's
 default (`kernel.yama.ptrace_scope=1`: only an ancestor may trace) and containers without CAP_SYS_PTRACE
@@ -51,18 +53,21 @@ def dump_ranks(trainer_pid: int) -> list[int]:
 
 
 def missing_stacks(attempt_dir: Path, ranks: range) -> list[int]:
-    """The ranks whose stack file is absent or empty."""
+    """The ranks whose stack file is absent (never registered) or empty (not dumped yet)."""
     folder = stacks_dir(attempt_dir)
     return [rank for rank in ranks if _size(stack_file(folder, rank)) == 0]
 
 
 def wait_for_stacks(attempt_dir: Path, ranks: range, timeout_s: float = STACKS_WAIT_S) -> list[int]:
-    """Wait until every rank of ``ranks`` has written its stacks, at most ``timeout_s``; returns those missing."""
-    deadline = time.monotonic() + timeout_s
-    while (missing := missing_stacks(attempt_dir, ranks)) and time.monotonic() < deadline:
+    """Wait, at most ``timeout_s``, until every rank of ``ranks`` that registered its dump has written its
+    stacks; returns the ranks without stacks."""
+    folder, deadline = stacks_dir(attempt_dir), time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+        stack_file(folder, rank).is_file() for rank in missing_stacks(attempt_dir, ranks)
+    ):
         time.sleep(POLL_S)
     time.sleep(SETTLE_S)
-    return missing
+    return missing_stacks(attempt_dir, ranks)
 
 
 def tidy(attempt_dir: Path, ranks: range) -> None:

@@ -163,10 +163,14 @@ class _Watcher:
             self.gaps.observe(self.watch.step, self.watch.last_change_at or now, self.watch.max_steps)
 
     def dump_if_asked(self) -> None:
-        """Not node 0: once node 0 found the run hung (hang.json), have this node's ranks dump their stacks."""
+        """Not node 0: once node 0 found the run hung (hang.json), have this node's ranks dump their stacks,
+        then end the trainer as node 0 ends its own (a rank stuck for good would not notice its peers go)."""
         if self.where.node_id != 0 and not self.dumped and stacks.asked(self.attempt_dir):
             self.dumped = True
             stacks.dump_ranks(self.trainer.pid)
+            stacks.wait_for_stacks(self.attempt_dir, node_ranks(self.plan, self.where))
+            print("[swiftslurm] node 0 found the run hung: stacks dumped, killing the trainer", flush=True)
+            self.trainer.kill()
 
     def kill_if_hung(self, now: float) -> None:
         if self.where.node_id != 0 or self.signals.received or self.hung:

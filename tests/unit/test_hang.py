@@ -189,14 +189,38 @@ def test_a_hung_trainer_is_killed_after_its_window_with_its_stacks(tmp_path: Pat
         trainer.kill()
 
 
+def test_another_node_dumps_its_ranks_and_ends_its_trainer_once_node_0_finds_the_run_hung(tmp_path: Path) -> None:
+    attempt = tmp_path / "logs" / "7"
+    trainer = a_rank(tmp_path, attempt, 1)
+    _wait_until_registered([trainer])
+    plan = replace(_plan(tmp_path), topology=replace(_plan(tmp_path).topology, nodes=2))
+    watcher = _watcher(plan, trainer, attempt, node=1)
+    try:
+        watcher.tick(1000.0)
+        assert trainer.poll() is None  # nobody asked
+        stacks.ask(attempt, {"step": 26})
+        watcher.tick(1000.5)
+        assert trainer.poll() is not None and not watcher.hung  # killed; only node 0 classifies the attempt
+        assert "blocked_in_a_collective" in stack_file(stacks_dir(attempt), 1).read_text()
+    finally:
+        trainer.kill()
+
+
+def test_a_rank_that_never_registered_is_not_waited_for(tmp_path: Path) -> None:
+    started = time.monotonic()
+    assert stacks.wait_for_stacks(tmp_path, range(4), timeout_s=60) == [0, 1, 2, 3]
+    assert time.monotonic() - started < 30  # the bound is 60 s: nothing was waited for
+
+
 def _plan(tmp_path: Path) -> JobPlan:
     plan = replace(plan_for(f"run_dir={tmp_path / 'run'}"), tiny_cache=None)
     return replace(plan, resilience=replace(plan.resilience, hang_window_floor_s=60.0))
 
 
-def _watcher(plan: JobPlan, trainer: Trainer, attempt: Path) -> _Watcher:
+def _watcher(plan: JobPlan, trainer: Trainer, attempt: Path, node: int = 0) -> _Watcher:
     watch = ProgressWatch(trainer.log_path, 1000.0, PROGRESS.pattern)
-    where = SlurmEnv(job_id=None, hosts=(), node_id=0, num_nodes=1, proc_id=0, num_tasks=1)
+    nodes = plan.topology.nodes
+    where = SlurmEnv(job_id=None, hosts=(), node_id=node, num_nodes=nodes, proc_id=node, num_tasks=nodes)
     return _Watcher(plan, where, trainer, lambda pid: [], SignalLog(), watch, None, attempt)
 
 
