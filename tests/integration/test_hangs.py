@@ -48,6 +48,16 @@ def test_a_rank_blocked_in_a_collective_is_found_within_its_window_with_every_ra
     assert "rank_1_never_reaches_the_all_reduce" in blocked, blocked
     assert "torch/nn/parallel/distributed.py" in waiting or "torch/autograd" in waiting, waiting
 
+    blocked_at = (run_dir / "hang.once").stat().st_mtime  # hang_plugin.MARKER, written as rank 1 blocks
+    figures = {
+        "window_s": hang["window_s"],
+        "basis": hang["basis"],
+        "blocked_to_detected_s": round(hang["detected_at"] - blocked_at, 1),
+        "detected_to_record_s": round(hung["end"] - hang["detected_at"], 1),
+        "blocked_to_resumed_first_step_s": round(last["first_step_at"] - blocked_at, 1),
+    }
+    print(f"[hang figures] {json.dumps(figures)}")
+
     assert last["job_id"] == hung["job_id"] and last["reason"] == "finished"
     assert last["resume_step"] == hung["committed_step"] == 20
     assert is_committed(run_dir / "output" / "checkpoint-40") and status(run_dir)["state"] == "finished"

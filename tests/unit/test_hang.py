@@ -9,6 +9,7 @@ import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from swiftslurm.node import stacks
 from swiftslurm.node.engines.base import ProgressSource
 from swiftslurm.node.engines.hf import HfTrainerEngine
 from swiftslurm.node.engines.hooks import STACKS_ENV
+from swiftslurm.node.engines.megatron import pauses_after
 from swiftslurm.node.hang import PAUSE_LINE, PAUSE_PATTERN, HangLimits, StepGaps, percentile, window
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.progress import LineFollower, ProgressWatch
@@ -126,6 +128,24 @@ def test_the_ranks_announcement_is_what_the_wrapper_reads(tmp_path: Path) -> Non
     with open(log, "a") as out:
         out.write("poch\n")
     assert [m.group(2) for m in follower.new_matches()] == ["epoch"]
+
+
+@pytest.mark.parametrize(
+    ("iteration", "args", "follows"),
+    [
+        (10, {}, (True, False)),
+        (11, {}, (False, False)),
+        (100, {}, (True, False)),  # the last iteration: the final save
+        (100, {"eval_iters": 5}, (True, True)),
+        (20, {"eval_steps": 20, "eval_iters": 5}, (True, True)),
+        (20, {"eval_steps": 20, "eval_iters": 0}, (True, False)),  # no evaluation data
+        (7, {"save_steps": None}, (False, False)),
+    ],
+)
+def test_megatron_pauses_follow_its_default_flow(iteration: int, args: dict[str, int], follows: tuple) -> None:
+    megatron_args = SimpleNamespace(**{"train_iters": 100, "save_steps": 10, "eval_steps": None, **args})
+    assert pauses_after(iteration, megatron_args, saving=False) == follows
+    assert pauses_after(iteration, megatron_args, saving=True)[0]  # the stop vote asked for a save
 
 
 # --- the stacks: real processes, the rank side's real handler ------------------------------------------

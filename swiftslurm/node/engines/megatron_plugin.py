@@ -23,6 +23,7 @@ from swiftslurm.node.engines.hooks import (
     is_global_rank_zero,
     register_stack_dump,
 )
+from swiftslurm.node.engines.megatron import pauses_after
 
 register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
 
@@ -40,8 +41,7 @@ class MegatronStopCallback(MegatronCallback):
     def on_step_end(self) -> None:
         if self._stop.should_stop_now(self.state.iteration):
             self.state.should_save = True  # the trainer saves after this step's logging, then calls on_save
-        # The default flow callback runs first: these say what follows this iteration's progress line.
-        announce_pause(self.state.iteration, self.state.should_save, self.state.should_eval)
+        announce_pause(self.state.iteration, *pauses_after(self.state.iteration, self.args, self.state.should_save))
 
     def on_save(self, output_dir: str) -> None:
         if self._stop.stopping:
