@@ -10,9 +10,10 @@ with three exceptions, each given the allowance it needs rather than the ordinar
 - before the first step (model load, dataset preprocessing, data loader warm-up): ``startup_s``;
 - until MIN_GAPS ordinary gaps are known (the first steps are slow: warm-up, lazy communicator set-up):
   ``ceiling_s``;
-- a gap that holds a save, an evaluation or an epoch boundary (the ranks announce them, see PAUSE_LINE), and
-  the gap after the last step (the final save, then the trainer's exit): factor × the longest such gap seen
-  so far, clamped the same way; ``ceiling_s`` while none has been seen.
+- a gap that holds a save, an evaluation or an epoch boundary (the ranks announce them, see PAUSE_LINE):
+  factor × the longest such gap seen so far, clamped the same way; ``ceiling_s`` while none has been seen;
+- after the last step (the final save, the engine's end of training, the processes' exit: nothing this run
+  has done before, and a kill then loses nothing committed): ``ceiling_s``.
 
 Gaps that held a pause are kept apart, so one slow evaluation never widens the ordinary window, nor a run of
 quick steps narrow the window of the next save.
@@ -25,6 +26,7 @@ import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 RECENT = 50  # ordinary gaps the window is learned from: the pace of the run now, not of its first hour
 MIN_GAPS = 3  # ordinary gaps needed before the learned window replaces the ceiling
@@ -59,14 +61,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def window(
-    ordinary: Sequence[float], paused: Sequence[float], pausing: bool, started: bool, limits: HangLimits
-) -> Window:
-    """The window of the gap in progress. ``ordinary``, ``paused``: past gaps (s) without and with a pause;
-    ``pausing``: the gap in progress holds one; ``started``: a first step was seen."""
-    if not started:
+class Gap(str, Enum):
+    """What the gap in progress holds."""
+
+    STARTUP = "startup"  # no step yet
+    STEPS = "steps"  # training steps only
+    PAUSE = "pause"  # a save, an evaluation or an epoch boundary
+    END = "end"  # the last step is done: what follows is the end of training
+
+
+def window(gap: Gap, ordinary: Sequence[float], paused: Sequence[float], limits: HangLimits) -> Window:
+    """The window of the gap in progress. ``ordinary``, ``paused``: past gaps (s) without and with a pause."""
+    if gap is Gap.STARTUP:
         return Window(limits.startup_s, "before the first step (resilience.startup_timeout_s)")
-    if pausing:
+    if gap is Gap.END:
+        return Window(limits.ceiling_s, "after the last step (resilience.hang_timeout_s)")
+    if gap is Gap.PAUSE:
         if not paused:
             return Window(limits.ceiling_s, "first save/eval of this attempt (resilience.hang_timeout_s)")
         return _learned(max(paused), f"{limits.factor:g} × the longest save/eval gap ({max(paused):.1f} s)", limits)
@@ -105,14 +115,16 @@ class StepGaps:
             self.pauses = {p for p in self.pauses if p >= step}
         self.step, self.at, self.last_step = step, at, last_step if last_step is not None else self.last_step
 
-    def pausing(self) -> bool:
-        """Whether the gap in progress holds a pause: one was announced since its step, or it is the last."""
+    def gap(self) -> Gap:
+        """What the gap in progress holds."""
         if self.step is None:
-            return False
-        return any(p >= self.step for p in self.pauses) or (self.last_step is not None and self.step >= self.last_step)
+            return Gap.STARTUP
+        if self.last_step is not None and self.step >= self.last_step:
+            return Gap.END
+        return Gap.PAUSE if any(p >= self.step for p in self.pauses) else Gap.STEPS
 
     def window(self, limits: HangLimits) -> Window:
-        return window(list(self.ordinary), self.paused, self.pausing(), self.step is not None, limits)
+        return window(self.gap(), list(self.ordinary), self.paused, limits)
 
     def _holds_pause(self, begin: int, end: int) -> bool:
         # The ranks announce a pause at the end of step P, before step P's progress line: the pause falls in

@@ -39,7 +39,8 @@ def test_a_rank_blocked_in_a_collective_is_found_within_its_window_with_every_ra
     assert hang["step"] == HANG_STEP - 1 and "step gaps" in hang["basis"], hang
     # Learned from this run's own steps, within the configured floor and ceiling; found one poll after it.
     assert FLOOR_S <= hang["window_s"] <= CEILING_S
-    assert hang["window_s"] < hang["stalled_s"] <= hang["window_s"] + 10 * POLL_S, hang
+    assert hang["window_s"] <= hang["stalled_s"] <= hang["window_s"] + 10 * POLL_S, hang  # stalled_s: 0.1 s
+    assert last["hang"] is None  # the end of training (final save, exit) is not taken for a hang
     here = Path(hang["stacks"]).parent
     assert json.loads(hang_file(here).read_text())["step"] == HANG_STEP - 1
     assert hang["stacks_missing"] == [] and f"stacks of every rank in {stacks_dir(here)}" in hung["why"]

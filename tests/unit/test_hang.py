@@ -18,7 +18,7 @@ from swiftslurm.node.engines.base import ProgressSource
 from swiftslurm.node.engines.hf import HfTrainerEngine
 from swiftslurm.node.engines.hooks import STACKS_ENV
 from swiftslurm.node.engines.megatron import pauses_after
-from swiftslurm.node.hang import PAUSE_LINE, PAUSE_PATTERN, HangLimits, StepGaps, percentile, window
+from swiftslurm.node.hang import PAUSE_LINE, PAUSE_PATTERN, Gap, HangLimits, StepGaps, percentile, window
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.progress import LineFollower, ProgressWatch
 from swiftslurm.node.signals import DUMP_SIGNAL, SignalLog, catches
@@ -36,23 +36,24 @@ PROGRESS: ProgressSource = HfTrainerEngine.progress
 
 
 @pytest.mark.parametrize(
-    ("ordinary", "paused", "pausing", "started", "seconds", "basis"),
+    ("gap", "ordinary", "paused", "seconds", "basis"),
     [
-        ([], [], False, False, 3600.0, "before the first step"),
-        ([2.0, 2.0], [], False, True, 1800.0, "fewer than 3 step gaps"),  # not learned yet: the ceiling
-        ([2.0, 2.0, 2.0], [], False, True, 60.0, "(the floor)"),  # 5 × 2 s, raised to the floor
-        ([30.0] * 10, [], False, True, 150.0, "5 × p95 of 10 step gaps (30.0 s)"),
-        ([30.0] * 19 + [400.0], [], False, True, 150.0, "p95"),  # one slow step in 20 does not widen it
-        ([30.0] * 18 + [400.0] * 2, [], False, True, 1800.0, "(the ceiling)"),  # two do: 5 × 400 s, capped
-        ([30.0] * 10, [], True, True, 1800.0, "first save/eval"),  # a pause never seen: the ceiling
-        ([30.0] * 10, [90.0, 120.0], True, True, 600.0, "longest save/eval gap (120.0 s)"),
-        ([30.0] * 10, [120.0], False, True, 150.0, "step gaps"),  # a past pause does not widen ordinary gaps
+        (Gap.STARTUP, [], [], 3600.0, "before the first step"),
+        (Gap.STEPS, [2.0, 2.0], [], 1800.0, "fewer than 3 step gaps"),  # not learned yet: the ceiling
+        (Gap.STEPS, [2.0, 2.0, 2.0], [], 60.0, "(the floor)"),  # 5 × 2 s, raised to the floor
+        (Gap.STEPS, [30.0] * 10, [], 150.0, "5 × p95 of 10 step gaps (30.0 s)"),
+        (Gap.STEPS, [30.0] * 19 + [400.0], [], 150.0, "p95"),  # one slow step in 20 does not widen it
+        (Gap.STEPS, [30.0] * 18 + [400.0] * 2, [], 1800.0, "(the ceiling)"),  # two do: 5 × 400 s, capped
+        (Gap.PAUSE, [30.0] * 10, [], 1800.0, "first save/eval"),  # a pause never seen: the ceiling
+        (Gap.PAUSE, [30.0] * 10, [90.0, 120.0], 600.0, "longest save/eval gap (120.0 s)"),
+        (Gap.STEPS, [30.0] * 10, [120.0], 150.0, "step gaps"),  # a past pause does not widen ordinary gaps
+        (Gap.END, [30.0] * 10, [1.0], 1800.0, "after the last step"),  # the end of training is not learned
     ],
 )
 def test_the_window_is_learned_from_the_runs_own_gaps(
-    ordinary: list[float], paused: list[float], pausing: bool, started: bool, seconds: float, basis: str
+    gap: Gap, ordinary: list[float], paused: list[float], seconds: float, basis: str
 ) -> None:
-    got = window(ordinary, paused, pausing, started, LIMITS)
+    got = window(gap, ordinary, paused, LIMITS)
     assert got.seconds == seconds and basis in got.basis, got
 
 
@@ -90,10 +91,10 @@ def test_the_gap_after_an_announced_save_is_a_pause_and_learned_apart() -> None:
     gaps = StepGaps()
     steps(gaps, (5, 0.0), (10, 5.0))
     gaps.announce(10)  # logging_steps 5, save_steps 10: announced before step 10's line
-    assert gaps.pausing()
+    assert gaps.gap() is Gap.PAUSE
     steps(gaps, (15, 65.0), (20, 70.0))  # the save took 60 s
     assert list(gaps.ordinary) == [5.0, 5.0] and gaps.paused == [60.0]
-    assert not gaps.pausing()
+    assert gaps.gap() is Gap.STEPS
 
 
 def test_a_pause_between_logged_steps_belongs_to_the_gap_it_falls_in() -> None:
@@ -102,20 +103,24 @@ def test_a_pause_between_logged_steps_belongs_to_the_gap_it_falls_in() -> None:
     gaps.announce(7)  # save_steps 7 with logging_steps 5: the save follows step 7, inside the gap 5 -> 10
     gaps.announce(10)  # and step 10's own save, announced before step 10's line is read: the next gap's
     steps(gaps, (10, 40.0))
-    assert gaps.paused == [40.0] and gaps.pausing()  # 5 -> 10 held the save at 7; 10 -> 15 holds 10's
+    assert gaps.paused == [40.0] and gaps.gap() is Gap.PAUSE  # 5 -> 10 held the save at 7; 10 -> 15 holds 10's
 
 
 def test_an_announcement_read_late_changes_no_past_gap() -> None:
     gaps = StepGaps()
     steps(gaps, (5, 0.0), (10, 5.0))
     gaps.announce(7)  # read after step 10's line: that gap is gone
-    assert not gaps.pausing()
+    assert gaps.gap() is Gap.STEPS
 
 
-def test_the_gap_after_the_last_step_is_a_pause() -> None:
+def test_the_end_of_training_gets_the_ceiling_not_the_pace_of_saves() -> None:
+    """Seen on the local cluster: quick saves (0.5 s) made a 10 s window for the final save, ms-swift's end of
+    training and the processes' exit, which took longer: a run that had finished was killed as hung."""
     gaps = StepGaps()
-    steps(gaps, (35, 0.0), (40, 5.0))  # the final save, then the trainer's exit
-    assert gaps.pausing()
+    steps(gaps, (9, 0.0), (10, 0.5))
+    gaps.announce(10)
+    steps(gaps, (11, 1.0), (12, 1.5), (13, 2.0), (14, 2.5), (40, 16.0))  # the final save, then the exit
+    assert gaps.gap() is Gap.END and gaps.window(replace(LIMITS, floor_s=10.0)).seconds == 1800.0
 
 
 def test_the_ranks_announcement_is_what_the_wrapper_reads(tmp_path: Path) -> None:
