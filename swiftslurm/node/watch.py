@@ -229,8 +229,11 @@ def _saved_since(plan: JobPlan, since: float) -> bool:
 def hang_line(hang: dict[str, Any]) -> str:
     """One line for people: how long, after which step, the window and why, where the stacks are."""
     after = "before the first step" if hang["step"] is None else f"after step {hang['step']}"
-    missing = f", none from ranks {hang['stacks_missing']}" if hang["stacks_missing"] else ""
-    return (
-        f"no new step for {hang['stalled_s']:.0f} s {after} (window {hang['window_s']:.0f} s: {hang['basis']}); "
-        f"stacks of every rank in {hang['stacks']}{missing}"
+    missing = hang["stacks_missing"]
+    stacks = (
+        f"stacks in {hang['stacks']}, none from ranks {missing} (not started yet, or not answering)"
+        if missing
+        else f"stacks of every rank in {hang['stacks']}"
     )
+    window = f"window {hang['window_s']:.0f} s: {hang['basis']}"
+    return f"no new step for {hang['stalled_s']:.0f} s {after} ({window}); {stacks}"
