@@ -175,7 +175,17 @@ class ResilienceConfig:
         "again on the same nodes, in the same job (no requeue); once these are spent the next failure requeues.",
     )
     startup_timeout_s: float = doc(3600.0, "No first training step within this many seconds = hung (killed, retried).")
-    hang_timeout_s: float = doc(1800.0, "No new training step for this many seconds = hung (killed, retried).")
+    hang_timeout_s: float = doc(
+        1800.0,
+        "No new training step for this many seconds = hung, always: the ceiling of the learned window, and the "
+        "window until it is learned (first 3 step gaps, first save/eval of an attempt).",
+    )
+    hang_window_factor: float = doc(
+        5.0,
+        "Learned hang window: this many times the 95th percentile of the last 50 gaps between logged steps "
+        "(saves and evaluations get the longest such gap seen, times this).",
+    )
+    hang_window_floor_s: float = doc(300.0, "The learned hang window is never shorter than this, in seconds.")
     user_error_window_s: float = doc(
         300.0, "A Python error before any step within this many seconds of the start is a user error: no retry."
     )

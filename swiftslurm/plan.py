@@ -106,6 +106,8 @@ class Resilience:
     max_restarts: int = 5
     startup_timeout_s: float = 3600.0
     hang_timeout_s: float = 1800.0
+    hang_window_factor: float = 5.0
+    hang_window_floor_s: float = 300.0
     user_error_window_s: float = 300.0
     signal_lead_s: int = 120
 

@@ -16,7 +16,9 @@
       uploads.jsonl      a line per upload, by storage/uploader.py (when, how long, how much)
       logs/slurm-%j.out  SLURM's output of the batch script
       logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json,
-                         leader.json (node 0's heartbeat until resume.json is written)
+                         leader.json (node 0's heartbeat until resume.json is written), hang.json (the
+                         watchdog found the run hung: when, at which step, the window), stacks/rank<R>.txt
+                         (rank R's Python stacks, all threads, dumped before a hung trainer is killed)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
                          .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
@@ -51,6 +53,9 @@ OUTCOME = "outcome.json"  # in logs/<attempt>/: node 0's word on what follows th
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
 LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (node/lease.py)
 LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
+HANG = "hang.json"  # in logs/<attempt>/: node 0 found the run hung; every node dumps its ranks' stacks
+STACKS = "stacks"  # in logs/<attempt>/: one file per rank, written by the rank itself (faulthandler)
+STACK_FILE = "rank{rank}.txt"  # in logs/<attempt>/stacks/
 PREFLIGHT = "preflight"
 PREFLIGHT_REPORT = "report.json"
 OUTPUT = "output"
@@ -99,6 +104,18 @@ def leader_logs(run_dir: Path | str) -> list[Path]:
 
 def node_result(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / NODE_RESULT.format(node=node)
+
+
+def hang_file(attempt_dir: Path) -> Path:
+    return attempt_dir / HANG
+
+
+def stacks_dir(attempt_dir: Path) -> Path:
+    return attempt_dir / STACKS
+
+
+def stack_file(stacks_dir: Path, rank: int) -> Path:
+    return stacks_dir / STACK_FILE.format(rank=rank)
 
 
 def lease_file(run_dir: Path) -> Path:

@@ -70,9 +70,14 @@ def check_counts(cfg: Config) -> None:
         "user_error_window_s",
     ):
         check_not_negative(f"resilience.{name}", getattr(res, name))
-    for name in ("startup_timeout_s", "hang_timeout_s"):
+    for name in ("startup_timeout_s", "hang_timeout_s", "hang_window_factor", "hang_window_floor_s"):
         if getattr(res, name) <= 0:
             raise ConfigError(f"resilience.{name}={getattr(res, name)} must be positive. HINT: keep the default.")
+    if res.hang_window_floor_s > res.hang_timeout_s:
+        raise ConfigError(
+            f"resilience.hang_window_floor_s={res.hang_window_floor_s} is above resilience.hang_timeout_s="
+            f"{res.hang_timeout_s}, the window's ceiling. HINT: lower the floor or raise hang_timeout_s."
+        )
     check_port("task.vllm_server_port", cfg.task.vllm_server_port)
 
 

@@ -22,7 +22,7 @@ from swiftslurm.node.progress import tail
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.signals import SAVE_SIGNAL
 from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
-from swiftslurm.node.watch import Observed, node_log_path
+from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, node_log, preflight_report, resume_file
 from swiftslurm.runs import is_cancelled
@@ -64,6 +64,8 @@ def conclude(
         explanation = f"{explanation} ({unknown_end})"
     if observed.peer_failed:  # the wrapper killed it: its exit code says nothing of the cause
         explanation = f"{explanation}; ended by its wrapper after another node's trainer failed"
+    if reason is decide.Reason.INFRA and observed.hang is not None:  # the watchdog's verdict (decide.classify)
+        explanation = f"{explanation}: {hang_line(observed.hang)}"
     committed, _ = newest_committed(plan.output_dir)
     committed_step = checkpoint_step(committed) if committed else 0
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
@@ -76,6 +78,7 @@ def conclude(
         decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
+    record |= {"hang": observed.hang}
     records.append_attempt(run_dir, record)
     records.write_status(
         run_dir,

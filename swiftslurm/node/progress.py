@@ -51,6 +51,31 @@ class ProgressWatch:
         return now - (self.last_change_at or self.started)
 
 
+@dataclass
+class LineFollower:
+    """New matches of ``pattern`` in a file as it grows, from where it ended when the follower was made. Reads
+    complete lines only ('\\n' or '\\r' ends one: progress bars), so a line still being written is read once
+    it is whole, and each byte is read once however rarely the pattern occurs."""
+
+    path: Path
+    pattern: re.Pattern[str]
+    _offset: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._offset = self.path.stat().st_size if self.path.is_file() else 0
+
+    def new_matches(self) -> list[re.Match[str]]:
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self._offset)
+                chunk = log.read()
+        except FileNotFoundError:
+            return []
+        whole = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1
+        self._offset += whole
+        return list(self.pattern.finditer(chunk[:whole].decode(errors="replace")))
+
+
 def finished_steps(output_dir: Path) -> tuple[int, int] | None:
     """(global step, max steps) from ms-swift's end-of-training summary in logging.jsonl, if training
     ended (normally, or after a graceful stop); None while it runs or if it died."""

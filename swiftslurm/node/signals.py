@@ -24,6 +24,10 @@ from types import FrameType
 from typing import Any
 
 SAVE_SIGNAL = signal.SIGUSR2
+# Asks a training rank to write its Python stacks (hooks.register_stack_dump). URG: ignored by default, so a
+# process that registered nothing is unharmed; nothing in a training process sends or expects it (USR1 is a
+# stop signal to the ranks, and NCCL may catch it).
+DUMP_SIGNAL = signal.SIGURG
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 

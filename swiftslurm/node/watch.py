@@ -1,5 +1,6 @@
-"""Run the trainer once and watch it: forward stop signals to its workers, kill it when it hangs or outlives
-its save, and hand each newly committed checkpoint to the background uploader (leader)."""
+"""Run the trainer once and watch it: forward stop signals to its workers, kill it when it hangs (after every
+rank dumped its stacks: stacks.py) or outlives its save, and hand each newly committed checkpoint to the
+background uploader (leader). When the run is hung is node/hang.py's: a window learned from its own pace."""
 
 from __future__ import annotations
 
@@ -8,19 +9,23 @@ import re
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from swiftslurm.node import stacks
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, newest_committed, read_manifest
+from swiftslurm.node.engines.hooks import STACKS_ENV
 from swiftslurm.node.engines.registry import engine_for
+from swiftslurm.node.hang import PAUSE_PATTERN, HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.lease import TOKEN_ENV
-from swiftslurm.node.progress import ProgressWatch
+from swiftslurm.node.progress import LineFollower, ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
-from swiftslurm.plan import JobPlan
+from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
-from swiftslurm.rundir import attempt_dir, node_log
+from swiftslurm.rundir import attempt_dir, node_log, stacks_dir
 from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
@@ -37,13 +42,20 @@ class Observed:
     watch: ProgressWatch
     started: float
     peer_failed: bool = False  # this node's trainer was ended because another node's failed
+    hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
+
+
+def hang_limits(res: Resilience) -> HangLimits:
+    return HangLimits(res.startup_timeout_s, res.hang_window_factor, res.hang_window_floor_s, res.hang_timeout_s)
 
 
 def node_log_path(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
     return node_log(attempt_dir(run_dir, attempt), where.node_id)
 
 
-def trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path, lease_token: int | None = None) -> dict[str, str]:
+def trainer_env(
+    plan: JobPlan, where: SlurmEnv, run_dir: Path, lease_token: int | None = None, attempt: str | None = None
+) -> dict[str, str]:
     return {
         **os.environ,
         **dict(plan.env),
@@ -52,6 +64,7 @@ def trainer_env(plan: JobPlan, where: SlurmEnv, run_dir: Path, lease_token: int 
         "SWIFTSLURM_KEEP_CHECKPOINTS": str(trainer_keep(plan)),
         "SWIFTSLURM_PLAN_IDENTITY": plan.identity(),
         **({TOKEN_ENV: str(lease_token)} if lease_token is not None else {}),
+        **({STACKS_ENV: str(stacks_dir(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
     }
 
 
@@ -82,12 +95,22 @@ def train(
     started = time.time()
     cpu_before = _own_cpu_s()
     watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
-    trainer = Trainer(swift_command(plan, extra), trainer_env(plan, where, run_dir, lease_token), log_path, cwd=run_dir)
-    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, peer_failed)
+    env = trainer_env(plan, where, run_dir, lease_token, attempt)
+    trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
+    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed)
+    if where.node_id == 0:  # the ranks announce their pauses from global rank 0, which runs on node 0
+        watcher.pauses = LineFollower(log_path, PAUSE_PATTERN)
     code = watcher.until_exit()
+    stacks.tidy(log_path.parent, node_ranks(plan, where))
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
-    return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer)
+    return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer, watcher.hang)
+
+
+def node_ranks(plan: JobPlan, where: SlurmEnv) -> range:
+    """The global ranks this node runs (torchrun numbers them node by node)."""
+    per_node = plan.topology.procs_per_node
+    return range(where.node_id * per_node, (where.node_id + 1) * per_node)
 
 
 @dataclass
@@ -101,10 +124,15 @@ class _Watcher:
     signals: SignalLog
     watch: ProgressWatch
     sync: NodeSync | None
+    attempt_dir: Path
     peer_failed: Callable[[], bool] = lambda: False
     hung: bool = False
     ended_for_peer: bool = False
     forwarded_at: float = 0.0
+    gaps: StepGaps = field(default_factory=StepGaps)
+    pauses: LineFollower | None = None  # node 0: the pauses the ranks announce
+    hang: dict[str, Any] | None = None
+    dumped: bool = False  # this node's ranks were asked for their stacks
 
     def until_exit(self) -> int:
         while (code := self.trainer.poll()) is None:
@@ -114,9 +142,10 @@ class _Watcher:
 
     def tick(self, now: float) -> None:
         self.forward_stop(now)
-        self.watch.poll(now)
+        self.follow_progress(now)
         if self.sync is not None:
             self.sync.poll(now)
+        self.dump_if_asked()
         self.kill_if_hung(now)
         self.kill_if_save_overdue(now)
         self.end_once_saved()
@@ -132,10 +161,47 @@ class _Watcher:
             self.trainer.forward(SAVE_SIGNAL, self.stop_recipients)
             self.forwarded_at = now
 
-    def kill_if_hung(self, now: float) -> None:
-        if self.where.node_id == 0 and not self.signals.received and _hung(self.watch, self.plan, now):
-            self.hung = True
+    def follow_progress(self, now: float) -> None:
+        # Pauses first: a rank announces one before the progress line of its step, so the gap it falls in
+        # is known when that line is read.
+        for match in self.pauses.new_matches() if self.pauses is not None else ():
+            self.gaps.announce(int(match.group(1)))
+        self.watch.poll(now)
+        if self.watch.step is not None and self.watch.step != self.gaps.step:
+            self.gaps.observe(self.watch.step, self.watch.last_change_at or now, self.watch.max_steps)
+
+    def dump_if_asked(self) -> None:
+        """Not node 0: once node 0 found the run hung (hang.json), have this node's ranks dump their stacks,
+        then end the trainer as node 0 ends its own (a rank stuck for good would not notice its peers go)."""
+        if self.where.node_id != 0 and not self.dumped and stacks.asked(self.attempt_dir):
+            self.dumped = True
+            stacks.dump_ranks(self.trainer.pid)
+            stacks.wait_for_stacks(self.attempt_dir, node_ranks(self.plan, self.where))
+            print("[swiftslurm] node 0 found the run hung: stacks dumped, killing the trainer", flush=True)
             self.trainer.kill()
+
+    def kill_if_hung(self, now: float) -> None:
+        if self.where.node_id != 0 or self.signals.received or self.hung:
+            return
+        window, stalled = self.gaps.window(hang_limits(self.plan.resilience)), self.watch.stalled_for(now)
+        if stalled <= window.seconds:
+            return
+        self.hung = True
+        self.hang = {"detected_at": round(now, 3), "step": self.watch.step, "stalled_s": round(stalled, 1)}
+        self.hang |= {"window_s": round(window.seconds, 1), "basis": window.basis}
+        self.hang |= self.collect_stacks()
+        print(f"[swiftslurm] hung: {hang_line(self.hang)}; killing the trainer", flush=True)
+        self.trainer.kill()
+
+    def collect_stacks(self) -> dict[str, Any]:
+        """Every rank's stacks, before the kill: node 0 asks every node (hang.json), dumps its own ranks, and
+        waits (bounded) for all of them."""
+        assert self.hang is not None
+        stacks.ask(self.attempt_dir, self.hang)
+        self.dumped = True
+        stacks.dump_ranks(self.trainer.pid)
+        missing = stacks.wait_for_stacks(self.attempt_dir, range(self.plan.topology.world_size))
+        return {"stacks": str(stacks_dir(self.attempt_dir)), "stacks_missing": missing}
 
     def kill_if_save_overdue(self, now: float) -> None:
         received = self.signals.received
@@ -185,6 +251,14 @@ def _saved_since(plan: JobPlan, since: float) -> bool:
     return bool(manifest and manifest.get("committed_at", 0) >= since)
 
 
-def _hung(watch: ProgressWatch, plan: JobPlan, now: float) -> bool:
-    limit = plan.resilience.hang_timeout_s if watch.first_step_at else plan.resilience.startup_timeout_s
-    return watch.stalled_for(now) > limit
+def hang_line(hang: dict[str, Any]) -> str:
+    """One line for people: how long, after which step, the window and why, where the stacks are."""
+    after = "before the first step" if hang["step"] is None else f"after step {hang['step']}"
+    missing = hang["stacks_missing"]
+    stacks = (
+        f"stacks in {hang['stacks']}, none from ranks {missing} (not started yet, or not answering)"
+        if missing
+        else f"stacks of every rank in {hang['stacks']}"
+    )
+    window = f"window {hang['window_s']:.0f} s: {hang['basis']}"
+    return f"no new step for {hang['stalled_s']:.0f} s {after} ({window}); {stacks}"

@@ -89,6 +89,7 @@ def conclude(
     signals: list[tuple[int, float]] | None = None,
     results: tuple[int, ...] = (0,),
     restarts: int = 0,
+    hang: dict[str, object] | None = None,
 ) -> Decision:
     """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result;
     `restarts`: the restarts in place the allocation has made (5 spends the default budget: a requeue)."""
@@ -101,7 +102,7 @@ def conclude(
         records.write_node_result(here, node, HOSTS[node], exit_code)
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
-    observed = Observed(exit_code, signals or [], False, watch, time.time() - 3600)
+    observed = Observed(exit_code, signals or [], hang is not None, watch, time.time() - 3600, hang=hang)
     return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
 
 
@@ -260,3 +261,16 @@ def test_a_blamed_host_requeues_without_it(tmp_path: Path, slurm: FakeSlurm) -> 
 def test_a_stop_signal_requeues_even_with_every_node_alive(tmp_path: Path, slurm: FakeSlurm) -> None:
     decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())], results=(0, 1))
     assert decision.action is Action.REQUEUE
+
+
+def test_a_hung_attempt_restarts_in_place_saying_its_window_and_where_the_stacks_are(
+    tmp_path: Path, slurm: FakeSlurm
+) -> None:
+    hang = {"detected_at": 1.0, "step": 26, "stalled_s": 12.3, "window_s": 10.0, "basis": "5 × p95 of 20 step gaps"}
+    hang |= {"stacks": "/runs/x/logs/77.0/stacks", "stacks_missing": [3]}
+    decision = conclude(tmp_path, exit_code=-9, results=(0, 1), hang=hang)
+    assert decision.action is Action.RESTART and decision.reason.value == "infra"
+    record = recorded(tmp_path)
+    assert record["hang"] == hang
+    assert "no new step for 12 s after step 26 (window 10 s: 5 × p95 of 20 step gaps)" in decision.why
+    assert "stacks in /runs/x/logs/77.0/stacks, none from ranks [3] (not started yet, or not answering)" in decision.why

@@ -10,26 +10,63 @@ what it is. Without object storage, retention (`keep_checkpoints`) is applied he
 newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's lease; with
 storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then passes 0).
 The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
+
+For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its stack dump at import
+(`register_stack_dump`), and global rank 0 announces the pauses the wrapper must not take for a hang
+(`announce_pause`: a save, an evaluation, an epoch boundary).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from swiftslurm.node import lease
 from swiftslurm.node.ckpt import checkpoint
 from swiftslurm.node.engines import shared_commit
 from swiftslurm.node.engines.stop_vote import StopVote
+from swiftslurm.node.hang import PAUSE_LINE
+from swiftslurm.node.signals import DUMP_SIGNAL
+from swiftslurm.rundir import stack_file
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
 TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: retention runs only while its lease holds
 IDENTITY_ENV = "SWIFTSLURM_PLAN_IDENTITY"  # set by the wrapper from the plan, written into each manifest
+STACKS_ENV = "SWIFTSLURM_STACKS_DIR"  # set by the wrapper: where each rank writes its stacks on DUMP_SIGNAL
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+_stacks: IO[str] | None = None  # this rank's stack file, open for as long as the process lives
+
+
+def register_stack_dump(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Make DUMP_SIGNAL write this process's Python stacks, every thread, to its rank's file under STACKS_ENV
+    (None: not under the wrapper, or registered already). faulthandler writes from a C signal handler, so a
+    rank blocked inside a collective (in C++, with or without the GIL) still writes them, and nothing else
+    in the process changes: the signal is ignored by default, and only the wrapper sends it."""
+    global _stacks
+    folder = environ.get(STACKS_ENV)
+    if not folder or _stacks is not None:
+        return None
+    path = stack_file(Path(folder), int(environ.get("RANK", "0")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Appended: a trainer restarted in the same attempt keeps the earlier dump. Never closed: faulthandler
+    # writes to it for as long as the process lives.
+    _stacks = open(path, "a")  # noqa: SIM115
+    faulthandler.register(DUMP_SIGNAL, file=_stacks, all_threads=True)
+    return path
+
+
+def announce_pause(step: int, save: bool, evaluate: bool, epoch_end: bool = False) -> None:
+    """Global rank 0, at the end of ``step``: tell the wrapper a save, an evaluation or an epoch boundary
+    follows, so it allows that pause its own time instead of the run's step pace (node/hang.py)."""
+    kinds = [name for name, due in (("save", save), ("eval", evaluate), ("epoch", epoch_end)) if due]
+    if kinds and is_global_rank_zero():
+        print(PAUSE_LINE.format(step=step, kinds=", ".join(kinds)), flush=True)
 
 
 def barrier() -> None:

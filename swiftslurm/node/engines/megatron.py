@@ -83,5 +83,19 @@ class MegatronEngine(Engine):
         return "--mcore_model CKPT --finetune false (full); --mcore_adapter CKPT --finetune false (LoRA)"
 
 
+def pauses_after(iteration: int, args: Any, saving: bool) -> tuple[bool, bool]:
+    """Whether a save, an evaluation follows ``iteration`` (the plugin announces them to the hang watchdog).
+    Megatron-SWIFT appends its `default_flow` callback after ours (`callbacks += ['print', 'default_flow']`), so
+    its flags are not set yet when ours runs: its rule (ms-swift 4.6, swift/megatron/callbacks/default_flow.py)
+    is applied here to the same arguments. ``saving``: a save was asked already (the stop vote)."""
+    last = iteration >= args.train_iters
+    evaluates = getattr(args, "eval_iters", 0) > 0 and (last or _every(iteration, getattr(args, "eval_steps", None)))
+    return saving or last or _every(iteration, getattr(args, "save_steps", None)), bool(evaluates)
+
+
+def _every(iteration: int, interval: int | None) -> bool:
+    return bool(interval) and iteration % int(interval or 1) == 0
+
+
 def _true(value: Any) -> bool:
     return str(value).lower() in ("true", "1")

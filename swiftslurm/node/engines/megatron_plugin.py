@@ -3,8 +3,9 @@
 Megatron-SWIFT has no signal handling of its own: a plain USR2 kills every rank and nothing is saved. Two
 callbacks (registered in `megatron_callbacks_map`, named in `--callbacks`) give it swiftslurm's behaviour,
 with the same parts as the `swift` plugin (hooks.py): `swiftslurm_megatron_stop` saves the iteration every
-rank agreed on and ends the training loop after that save; `swiftslurm_megatron_commit` commits each
-checkpoint once every rank has written its shards.
+rank agreed on and ends the training loop after that save, and announces the saves and evaluations the hang
+watchdog must allow for; `swiftslurm_megatron_commit` commits each checkpoint once every rank has written its
+shards. Importing it registers the rank's stack dump (hooks.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from typing import Any
 from swift.megatron.callbacks import megatron_callbacks_map
 from swift.megatron.callbacks.base import MegatronCallback
 
-from swiftslurm.node.engines.hooks import Committer, StopRequest, is_global_rank_zero
+from swiftslurm.node.engines.hooks import (
+    Committer,
+    StopRequest,
+    announce_pause,
+    is_global_rank_zero,
+    register_stack_dump,
+)
+from swiftslurm.node.engines.megatron import pauses_after
+
+register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
 
 
 class MegatronStopCallback(MegatronCallback):
@@ -31,6 +41,7 @@ class MegatronStopCallback(MegatronCallback):
     def on_step_end(self) -> None:
         if self._stop.should_stop_now(self.state.iteration):
             self.state.should_save = True  # the trainer saves after this step's logging, then calls on_save
+        announce_pause(self.state.iteration, *pauses_after(self.state.iteration, self.args, self.state.should_save))
 
     def on_save(self, output_dir: str) -> None:
         if self._stop.stopping:

@@ -2,8 +2,9 @@
 
 It registers two Trainer callbacks (hooks.py does the work). `swiftslurm_stop` saves the current step and
 stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at
-the same step. `swiftslurm_commit` commits each checkpoint once every rank has written it. Retention
-(`save_total_limit`, here `keep_checkpoints`) is applied after a commit.
+the same step; it also announces the saves, evaluations and epoch ends the hang watchdog must allow for.
+`swiftslurm_commit` commits each checkpoint once every rank has written it. Retention (`save_total_limit`,
+here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's stack dump (hooks.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
-from swiftslurm.node.engines.hooks import Committer, StopRequest
+from swiftslurm.node.engines.hooks import Committer, StopRequest, announce_pause, register_stack_dump
+
+register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
 
 
 class StopCallback(TrainerCallback):
@@ -34,6 +37,13 @@ class StopCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self._stop.should_stop_now(state.global_step):
             control.should_save = True
+        # The Trainer's flow callback runs first: these say what follows this step's progress line.
+        announce_pause(state.global_step, control.should_save, control.should_evaluate)
+        return control
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # The data loader starts over (workers, shuffling), and an epoch strategy saves and evaluates here.
+        announce_pause(state.global_step, control.should_save, control.should_evaluate, epoch_end=True)
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
