@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from swiftslurm import slurm_cli
@@ -96,6 +96,7 @@ class Attempt:
     decision: decide.Decision | None = None
     result: NodeResult | None = None
     lease: lease.Lease | None = None  # leader: its lease on the run dir, checked before destructive steps
+    entered: dict[str, float] = field(default_factory=dict)  # phase -> when this attempt entered it (the ledger)
     nonce: str | None = None  # this run of the SLURM job (lease.nonce), in resume.json
 
     @property
@@ -114,8 +115,10 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None
         with SignalLog().installed() as installed:
             return run(run_dir, plan, where, installed)
     attempt = Attempt(run_dir, plan, where, attempt_id(where), signals, started=time.time(), nonce=lease.nonce(where))
+    attempt.entered[Phase.PREPARE.value] = attempt.started
     while attempt.phase is not Phase.DONE:
         attempt.phase = PHASES[attempt.phase](attempt)
+        attempt.entered.setdefault(attempt.phase.value, time.time())
         _record_phase(attempt)
     assert attempt.result is not None  # every way to DONE sets it
     return attempt.result
@@ -234,7 +237,7 @@ def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
 
 def _conclude(a: Attempt) -> Phase:
     assert a.resume is not None and a.observed is not None and a.result is not None
-    a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed)
+    a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.entered)
     a.result = replace(a.result, decision=a.decision.action.value, why=a.decision.why)
     return Phase.FINISH_UPLOADS if a.sync is not None else Phase.ACT
 
@@ -263,6 +266,7 @@ def _act(a: Attempt) -> Phase:
     assert a.observed is not None
     a.signals.forget(len(a.observed.signals))  # acted on; one that came since is the next attempt's
     a.started = time.time()
+    a.entered = {}  # the next attempt's phases (it starts at AGREE_ON_RESUME)
     a.retry += 1
     a.id = f"{attempt_id(a.where)}.retry{a.retry}"
     return Phase.AGREE_ON_RESUME

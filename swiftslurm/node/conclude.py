@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -42,9 +42,16 @@ END_TIME_PAUSE_S = 2.0
 
 
 def conclude(
-    plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt: str, resume: ResumePoint, observed: Observed
+    plan: JobPlan,
+    where: SlurmEnv,
+    run_dir: Path,
+    attempt: str,
+    resume: ResumePoint,
+    observed: Observed,
+    phases: Mapping[str, float] | None = None,
 ) -> decide.Decision:
-    """Leader: classify the attempt, fold it into the run's history, decide, and write it all down."""
+    """Leader: classify the attempt, fold it into the run's history, decide, and write it all down. ``phases``:
+    when the attempt entered each phase (attempt.py), recorded for the goodput ledger."""
     signal_reason, unknown_end = _signal_reason(observed, where, plan)
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
@@ -66,6 +73,7 @@ def conclude(
         decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
+    record["phases"] = {name: round(at, 3) for name, at in (phases or {}).items()}
     records.append_attempt(run_dir, record)
     records.write_status(
         run_dir,

@@ -19,9 +19,10 @@ from swiftslurm.node.progress import ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.node.storage.sync import NodeSync
+from swiftslurm.node.timeline import TIMELINE_ENV
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
-from swiftslurm.rundir import attempt_dir, node_log
+from swiftslurm.rundir import attempt_dir, node_log, trainer_timeline
 
 POLL_S = 0.5
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
@@ -78,7 +79,8 @@ def train(
     started = time.time()
     cpu_before = _own_cpu_s()
     watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
-    trainer = Trainer(swift_command(plan, extra), trainer_env(plan, where, run_dir, lease_token), log_path, cwd=run_dir)
+    env = trainer_env(plan, where, run_dir, lease_token) | {TIMELINE_ENV: str(trainer_timeline(log_path.parent))}
+    trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
     watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync)
     code = watcher.until_exit()
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).

@@ -9,7 +9,8 @@ normally finishes its commit first; one that is killed leaves the checkpoint unc
 what it is. Without object storage, retention (`keep_checkpoints`) is applied here after a commit, so the
 newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's lease; with
 storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then passes 0).
-The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
+The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV). Global rank 0 also writes the
+trainer's timeline (node/timeline.py): loop begun, each save and commit, loop ended, for the goodput ledger.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from swiftslurm.node import lease
 from swiftslurm.node.ckpt import checkpoint
 from swiftslurm.node.engines import shared_commit
 from swiftslurm.node.engines.stop_vote import StopVote
+from swiftslurm.node.timeline import COMMITTED, TRAIN_BEGIN, TRAIN_END, TimelineWriter
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
 TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: retention runs only while its lease holds
@@ -85,6 +87,12 @@ class Committer:
         self.engine = engine
         self._commit: threading.Thread | None = None  # at most one in flight
         self._group: Any = None  # the CPU group the commits use, created at the first save
+        self.timeline = TimelineWriter(None)  # rank 0's, from train_begun on
+
+    def train_begun(self, step: int) -> None:
+        """The training loop begins (model and resume checkpoint loaded): from here on, time is training."""
+        self.timeline = TimelineWriter.from_environ(is_global_rank_zero())
+        self.timeline.event(TRAIN_BEGIN, step=step)
 
     def after_save(self, folder: Path, last_step: int | None) -> None:
         """Every rank calls this once its share of ``folder`` is written. The previous commit is finished
@@ -98,6 +106,7 @@ class Committer:
             target=self._run_commit, args=(folder, world_size, last_step), name="swiftslurm-commit"
         )
         self._commit.start()
+        self.timeline.saved(checkpoint.checkpoint_step(folder) or 0)
 
     def wait(self) -> None:
         """Return once the commit in flight (if any) is done."""
@@ -136,6 +145,7 @@ class Committer:
         manifest = checkpoint.commit(
             folder, world_size, swift_version(), last_step=last_step, engine=self.engine, identity=identity, files=files
         )
+        self.timeline.event(COMMITTED, step=manifest["step"])
         took, size_gb = time.monotonic() - started, sum(entry["size"] for entry in manifest["files"]) / 1e9
         hashers = world_size if files is not None else 1
         print(
@@ -162,4 +172,6 @@ class Committer:
         # and the wrapper forwards it) has nothing left to save, but once Python finalises it restores the
         # default action and the signal would kill this rank, failing a run that ended well.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        ended = time.time()
         self.wait()
+        self.timeline.event(TRAIN_END, started=round(ended, 3))
