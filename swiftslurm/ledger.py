@@ -132,10 +132,6 @@ class Ledger:
         }
 
 
-def empty(unit: str) -> Ledger:
-    return Ledger(unit, 0.0, dict.fromkeys(CATEGORIES, 0.0), job_runs=0)
-
-
 # ---------------------------------------------------------------- an attempt's marks
 
 
