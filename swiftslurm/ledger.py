@@ -11,11 +11,12 @@ attempt's record (when the wrapper entered each phase, node/attempt.py) and from
     restore      choosing the resume point (quarantine; the restore from object storage)
     load         the trainer's start -> its training loop (ms-swift start-up, model and checkpoint load)
     committed    training whose steps a later commit of the same attempt covers
-    lost         training after the attempt's last commit (steps lost to a preemption, a crash, a hang)
+    lost         training after the attempt's last commit, up to the last sign of training (the steps a
+                 preemption, a crash or a hang lost)
     save         saving checkpoints (the step's end -> every rank has written it; the last commit at the end)
-    restart      after the last commit of an attempt that is requeued or restarted: the trainer's exit, the
-                 decision, the requeue, SLURM ending the job run (and a next attempt's preparation in the
-                 same allocation)
+    restart      after the last commit (or, when the loop never ended, the last sign of training) of an
+                 attempt that is requeued or restarted: noticing the failure, the trainer's exit, the decision,
+                 the requeue, SLURM ending the job run (and a next attempt's preparation in the same allocation)
     finish       the same after the run's last attempt (done, or stopped for good)
     uncommitted  training since the last commit of the attempt still running (lost if it ended now)
 
@@ -204,9 +205,21 @@ def _tail_marks(
         return []  # running, or lost: what follows is not known
     tail = "finish" if record.get("decision") in FINAL_DECISIONS else "restart"
     end = next((e["t"] for e in events if e.get("event") == TRAIN_END), None)
+    broken = _last_progress(record, events) if end is None else None
     stopped = _first_number(phases.get("signalled"), phases.get("skip"))
     exited = _first_number(phases.get("conclude"), record.get("end"))
-    return [Mark(at, tail) for at in (end, stopped, exited) if at is not None]
+    return [Mark(at, tail) for at in (end, broken, stopped, exited) if at is not None]
+
+
+def _last_progress(record: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> float | None:
+    """The last sign of training in an attempt whose loop never ended (a worker crashed, a rank hung, the
+    trainer was killed): the newest logged step node 0 saw (`last_step_at`), save, or the loop's begin. What
+    follows is the failure being noticed and the trainer torn down: the restart's, not lost training. Steps
+    after the last logged one count to the restart too (ms-swift logs every `logging_steps`)."""
+    if not any(e.get("event") == TRAIN_BEGIN for e in events):
+        return None  # the trainer never trained (or kept no timeline): nothing to tell apart
+    seen = [record.get("last_step_at"), *(e["t"] for e in events if e.get("event") in (TRAIN_BEGIN, SAVE))]
+    return max(float(v) for v in seen if isinstance(v, (int, float)))
 
 
 def _first_number(*values: Any) -> float | None:

@@ -303,6 +303,7 @@ def _record(
         "signals": [[signal.Signals(s).name, round(t, 3)] for s, t in observed.signals],
         "first_step_at": watch.first_step_at,
         "last_step": watch.step,
+        "last_step_at": watch.last_change_at,  # when node 0 saw that step: the last sign of training
         "max_steps": watch.max_steps,
         "resumed_from": str(resume.checkpoint) if resume.checkpoint else None,
         "resume_step": resume.step,

@@ -67,10 +67,10 @@ def test_a_preempted_and_resumed_run_splits_each_job_run_into_categories_that_ad
     assert ledger.goodput == pytest.approx(65 / 170)
 
 
-def test_a_crashed_worker_loses_the_training_since_the_last_commit_until_the_trainer_exits() -> None:
+def test_a_crashed_worker_loses_the_training_since_the_last_commit_and_the_rest_is_the_restart() -> None:
     crashed = attempt_marks(
-        record("7", "requeue", 61, prepare=11, agree_on_resume=12, train=13, conclude=60),
-        [begin(20), save(10, 30, 32), committed(10, 33)],  # killed at 55: no train_end
+        record("7", "requeue", 61, prepare=11, agree_on_resume=12, train=13, conclude=60) | {"last_step_at": 45},
+        [begin(20), save(10, 30, 32), committed(10, 33)],  # a rank died after step 45: no train_end
     )
     ledger = compute([Allocation("7", 10, 70, WIDTH, 9)], [crashed], 4, "GPU", now=1000)
     assert seconds(ledger) == {
@@ -79,9 +79,18 @@ def test_a_crashed_worker_loses_the_training_since_the_last_commit_until_the_tra
         "load": 7,
         "committed": 10,
         "save": 2,
-        "lost": 60 - 32,  # the last commit's save -> the trainer's exit, the dead rank's last steps included
-        "restart": 70 - 60,
+        "lost": 45 - 32,  # the last commit's save -> the newest step node 0 saw
+        "restart": 70 - 45,  # the failure noticed, the trainer torn down, the requeue
     }
+
+
+def test_a_trainer_killed_with_no_step_seen_after_its_last_commit_lost_no_training() -> None:
+    killed = attempt_marks(
+        record("7", "requeue", 61, prepare=11, train=13, conclude=60) | {"last_step_at": 25},
+        [begin(20), save(10, 30, 32), committed(10, 33)],
+    )
+    ledger = compute([Allocation("7", 10, 70, WIDTH)], [killed], 4, "GPU", now=1000)
+    assert "lost" not in seconds(ledger) and seconds(ledger)["restart"] == pytest.approx(70 - 32)
 
 
 def test_a_save_that_never_committed_loses_the_steps_before_it() -> None:
@@ -91,8 +100,9 @@ def test_a_save_that_never_committed_loses_the_steps_before_it() -> None:
     )
     ledger = compute([Allocation("7", 10, 60, WIDTH)], [killed_mid_save], 4, "GPU", now=1000)
     assert seconds(ledger)["committed"] == pytest.approx(10)
-    assert seconds(ledger)["lost"] == pytest.approx((40 - 32) + (59 - 45))
+    assert seconds(ledger)["lost"] == pytest.approx(40 - 32)  # up to the save that never committed
     assert seconds(ledger)["save"] == pytest.approx(2 + 5)
+    assert seconds(ledger)["restart"] == pytest.approx(60 - 45)  # no step seen after that save
 
 
 def test_a_later_commit_covers_the_steps_of_an_earlier_save_that_did_not_commit() -> None:
@@ -114,8 +124,8 @@ def test_a_second_attempt_in_the_same_allocation_prepares_as_part_of_the_restart
     ledger = compute([Allocation("7", 10, 60, WIDTH)], [first, second], 4, "GPU", now=1000)
     spent = seconds(ledger)
     assert spent["startup"] == pytest.approx(2)  # only the job's own start
-    assert spent["restart"] == pytest.approx(37 - 30)  # the exit, and the next attempt's preparation
-    assert spent["lost"] == pytest.approx(30 - 15)
+    assert spent["restart"] == pytest.approx(37 - 15)  # no step after the loop began; the next one's preparation
+    assert "lost" not in spent
     assert ledger.unaccounted_s == pytest.approx(0)
 
 
