@@ -18,7 +18,10 @@
       logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json,
                          leader.json (node 0's heartbeat until resume.json is written), hang.json (the
                          watchdog found the run hung: when, at which step, the window), stacks/rank<R>.txt
-                         (rank R's Python stacks, all threads, dumped before a hung trainer is killed)
+                         (rank R's Python stacks, all threads, dumped before a hung trainer is killed),
+                         trainer.jsonl (global rank 0's timeline: loop begun, saves, commits, loop ended;
+                         node/timeline.py), outcome.json (node 0's word: restart in place, or end)
+      accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
                          .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
@@ -50,6 +53,8 @@ LOGS = "logs"
 SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
 RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 OUTCOME = "outcome.json"  # in logs/<attempt>/: node 0's word on what follows the attempt (restart or end)
+TRAINER_TIMELINE = "trainer.jsonl"  # in logs/<attempt>/: global rank 0's events (node/timeline.py)
+ACCOUNTING = "accounting.json"  # `status`'s cache of sacct's rows for the run's jobs
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
 LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (node/lease.py)
 LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
@@ -100,6 +105,10 @@ def node_logs(attempt_dir: Path) -> list[Path]:
 def leader_logs(run_dir: Path | str) -> list[Path]:
     """Node 0's log of every attempt, in no particular order."""
     return list(logs_dir(run_dir).glob("*/" + NODE_LOG.format(node=0)))
+
+
+def trainer_timeline(attempt_dir: Path) -> Path:
+    return attempt_dir / TRAINER_TIMELINE
 
 
 def node_result(attempt_dir: Path, node: int) -> Path:

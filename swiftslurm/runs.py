@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.accounting import run_ledger
+from swiftslurm.ledger import Ledger
 from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed, write_json_atomic
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.rundir import CANCELLED, JOB, METRICS, SYNC_STATE, leader_logs, output_dir, plan_file
@@ -132,32 +134,6 @@ def read_metrics(run_dir: Path) -> Metrics:
     )
 
 
-def goodput(attempts: list[dict[str, Any]], nodes: int) -> float | None:
-    """Allocated node-hours that became committed progress ÷ all allocated node-hours.
-
-    An attempt's useful time is the training time of the steps it committed (resume step → its newest
-    commit), at the pace it trained; start-up, steps lost after the last commit, hangs and saves that never
-    committed are what preemptions and failures cost. None before any attempt has ended."""
-    allocated = useful = 0.0
-    for record in attempts:
-        start, end = record.get("start"), record.get("end")
-        if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
-            continue  # an attempt lost with its node: no end recorded
-        width = len(record.get("hosts") or []) or nodes
-        allocated += (end - start) * width
-        useful += _useful_seconds(record, end) * width
-    return useful / allocated if allocated > 0 else None
-
-
-def _useful_seconds(record: dict[str, Any], end: float) -> float:
-    first_step_at, last_step = record.get("first_step_at"), record.get("last_step")
-    resumed, committed = record.get("resume_step") or 0, record.get("committed_step") or 0
-    if not isinstance(first_step_at, (int, float)) or not last_step or last_step <= resumed:
-        return 0.0
-    pace = (end - first_step_at) / (last_step - resumed)  # seconds per step, the save at the end included
-    return max(0, min(committed, last_step) - resumed) * pace
-
-
 @dataclass(frozen=True)
 class SlurmView:
     """What SLURM says about some jobs now; `available` False when squeue/sacct could not be asked."""
@@ -165,6 +141,7 @@ class SlurmView:
     available: bool
     states: dict[str, str] = field(default_factory=dict)  # job id -> PENDING, RUNNING, COMPLETED, ...
     error: str = ""
+    accounting_error: str = ""  # why sacct's accounting could not be read (the ledger then uses its cache)
 
 
 def ask_slurm(job_ids: list[str]) -> SlurmView:
@@ -221,13 +198,19 @@ class RunFacts:
     samples_per_s: float | None
     goodput: float | None
     storage: dict[str, Any] | None
+    ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ledger.py)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        facts = asdict(self)
+        facts["ledger"] = self.ledger.as_dict() if self.ledger else None
+        return facts
 
 
-def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
-    """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only)."""
+def gather(
+    run_dir: Path, slurm: SlurmView | None = None, jobs: dict[str, list[dict[str, Any]]] | None = None
+) -> RunFacts:
+    """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
+    ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
     plan = read_json(plan_file(run_dir)) or {}
     status = read_status(run_dir) or {}
     job = read_json(run_dir / JOB) or {}
@@ -240,6 +223,7 @@ def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
     committed, _ = newest_committed(output_dir(run_dir))
     global_batch = _global_batch(plan)
+    spent = run_ledger(run_dir, plan, jobs, running=state == "running")
     return RunFacts(
         run_dir=str(run_dir),
         run_name=str(plan.get("run_name", run_dir.name)),
@@ -253,8 +237,9 @@ def gather(run_dir: Path, slurm: SlurmView | None = None) -> RunFacts:
         max_steps=metrics.max_steps,
         loss=metrics.loss,
         samples_per_s=global_batch / metrics.seconds_per_step if metrics.seconds_per_step and global_batch else None,
-        goodput=goodput(attempts, int(plan.get("topology", {}).get("nodes", 1))),
+        goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
+        ledger=spent if spent.allocated_s > 0 else None,
     )
 
 

@@ -6,13 +6,14 @@ import re
 import shutil
 import subprocess
 from datetime import datetime
+from typing import Any
 
 from swiftslurm.errors import SubmitError
 
 TIMEOUT_S = 30
 
 
-def run(argv: list[str]) -> str:
+def run(argv: list[str], timeout_s: float = TIMEOUT_S) -> str:
     """Run a SLURM command and return its stdout; raise SubmitError saying what to fix if it fails."""
     if shutil.which(argv[0]) is None:
         raise SubmitError(
@@ -20,9 +21,9 @@ def run(argv: list[str]) -> str:
             "`sinfo` works, or drop +cluster=... to train on this machine."
         )
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as err:
-        raise SubmitError(f"`{' '.join(argv)}` did not answer within {TIMEOUT_S} s: is slurmctld up?") from err
+        raise SubmitError(f"`{' '.join(argv)}` did not answer within {timeout_s:g} s: is slurmctld up?") from err
     if done.returncode != 0:
         raise SubmitError(f"`{' '.join(argv)}` failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
@@ -39,8 +40,12 @@ def job_fields(job_id: str) -> dict[str, str]:
 
 
 def _timestamp(value: str) -> float | None:
-    """scontrol's local ISO time in seconds since the epoch; None for its "Unknown" / "None"."""
-    return None if value in ("Unknown", "None") else datetime.fromisoformat(value).timestamp()
+    """scontrol's or sacct's local ISO time (whole seconds) in seconds since the epoch; None for "Unknown",
+    "None" and anything else that is not a time."""
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def job_kill_time(job_id: str) -> float | None:
@@ -105,3 +110,26 @@ def job_start(job_id: str) -> str:
     """When SLURM started this job (its StartTime, as scontrol prints it): with the id, it names one run of
     the job; a requeue starts it anew, and a wiped cluster that hands out the id again starts it later."""
     return job_fields(job_id).get("StartTime", "Unknown")
+
+
+JOB_RUN_FIELDS = ("JobID", "State", "Submit", "Start", "End", "AllocNodes")
+
+
+def job_runs(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Every run of these jobs in SLURM's accounting, oldest first: `sacct --duplicates` gives a requeued job
+    one row per run. Each: job_id, state, submit/start/end in seconds since the epoch (None: not yet), nodes."""
+    argv = ["sacct", "-D", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(JOB_RUN_FIELDS)]
+    rows = [line.split("|") for line in run(argv, timeout_s).splitlines()]
+    return [_job_run(row) for row in rows if len(row) == len(JOB_RUN_FIELDS)]
+
+
+def _job_run(row: list[str]) -> dict[str, Any]:
+    job, state, submit, start, end, nodes = row
+    return {
+        "job_id": job,
+        "state": state.split()[0] if state else "",  # "CANCELLED by 0" -> CANCELLED
+        "submit": _timestamp(submit),
+        "start": _timestamp(start),
+        "end": _timestamp(end),
+        "nodes": int(nodes) if nodes.isdigit() else 0,
+    }

@@ -1,8 +1,10 @@
-"""`python -m swiftslurm.status PATH [--json] [--plot]` (also `swiftslurm status PATH`): one row per run.
+"""`python -m swiftslurm.status PATH [--json] [--plot]` (also `swiftslurm status PATH`): one row per run,
+and the goodput ledger (where the allocated GPU-hours went; swiftslurm/ledger.py) of the run, or of all runs.
 
 PATH is a run directory, a sweep directory (sweep.jsonl) or a folder of run directories. The facts come
-from each run directory and from one squeue + one sacct call for all jobs; with SLURM unreachable the
-table still comes, from the run directories alone, and says so.
+from each run directory and from one squeue + one sacct call for the jobs of runs that have not ended, and one
+`sacct --duplicates` for accounting that can still change (cached in each run dir: accounting.py); with SLURM
+unreachable the table still comes, from the run directories alone, and says so.
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.runs import RunFacts, SlurmView, ask_slurm, gather, slurm_job_ids
+from swiftslurm import accounting
+from swiftslurm.ledger import CATEGORIES, LABELS, Ledger
+from swiftslurm.node.records import read_status
+from swiftslurm.runs import FINAL_STATES, RunFacts, SlurmView, ask_slurm, gather, slurm_job_ids
 from swiftslurm.sweep import is_sweep, run_dirs
 
 COLUMNS = ("run", "state", "job", "attempts", "step", "loss", "samples/s", "goodput", "storage")
@@ -21,9 +27,17 @@ COLUMNS = ("run", "state", "job", "attempts", "step", "loss", "samples/s", "good
 
 def collect(path: Path, use_slurm: bool = True) -> tuple[list[RunFacts], SlurmView | None]:
     dirs = run_dirs(path)
-    slurm_jobs = slurm_job_ids(dirs) if use_slurm else []
+    # A run whose leader wrote a final state is shown in that state whatever SLURM says: not asked about.
+    slurm_jobs = slurm_job_ids([d for d in dirs if not _ended(d)]) if use_slurm else []
     slurm = ask_slurm(slurm_jobs) if slurm_jobs else None
-    return [gather(d, slurm) for d in dirs], slurm
+    jobs, error = accounting.refresh(dirs, accounting.ask_sacct if use_slurm else None)
+    if error:
+        slurm = replace(slurm or SlurmView(available=True), accounting_error=error)
+    return [gather(d, slurm, jobs.get(d)) for d in dirs], slurm
+
+
+def _ended(run_dir: Path) -> bool:
+    return (read_status(run_dir) or {}).get("state") in FINAL_STATES
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -66,6 +80,11 @@ def render(facts: list[RunFacts], slurm: SlurmView | None) -> str:
             lines.append(f"  {f.run_name}: {f.why}")
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
+    if slurm is not None and slurm.accounting_error:
+        lines.append(f"SLURM accounting unavailable ({slurm.accounting_error}): the ledger uses what was cached.")
+    if (total := total_ledger(facts)) is not None:
+        title = facts[0].run_name if len(facts) == 1 else f"all {len(facts)} runs"
+        lines.append(ledger_table(total, title))
     counts: dict[str, int] = {}
     for f in facts:
         counts[f.state] = counts.get(f.state, 0) + 1
@@ -79,7 +98,45 @@ def as_json(path: Path, facts: list[RunFacts], slurm: SlurmView | None) -> dict[
         "sweep": is_sweep(path),
         "slurm": {"available": slurm.available, "error": slurm.error} if slurm else None,
         "runs": [f.as_dict() for f in facts],
+        "ledger": total.as_dict() if (total := total_ledger(facts)) else None,
     }
+
+
+def total_ledger(facts: list[RunFacts]) -> Ledger | None:
+    """The runs' ledgers together (a sweep's, a folder's); None when no run has held an allocation yet."""
+    ledgers = [f.ledger for f in facts if f.ledger is not None]
+    if not ledgers:
+        return None
+    total = ledgers[0]
+    for more in ledgers[1:]:
+        total = total.plus(more)
+    return total
+
+
+def ledger_table(ledger: Ledger, title: str) -> str:
+    """Where the allocated device-hours went: one line per category, its amount and share, then the waits."""
+    hours = ledger.allocated_s >= 3600
+    unit = f"{ledger.unit}-{'hours' if hours else 'seconds'}"
+
+    def amount(seconds: float) -> str:
+        return f"{seconds / 3600:.2f}" if hours else f"{seconds:.0f}"
+
+    def share(seconds: float) -> str:
+        return f"{seconds / ledger.allocated_s:.1%}" if ledger.allocated_s else "-"
+
+    source = "SLURM accounting" if ledger.from_slurm else "SLURM accounting and the attempts' own spans"
+    rows = [["category", unit, "share"]]
+    rows += [[LABELS[c], amount(ledger.spent_s.get(c, 0.0)), share(ledger.spent_s.get(c, 0.0))] for c in CATEGORIES]
+    rows += [["unaccounted (allocated - the above)", amount(ledger.unaccounted_s), share(ledger.unaccounted_s)]]
+    rows += [["allocated", amount(ledger.allocated_s), "100.0%"]]
+    waits = f"queue wait {ledger.queue_wait_s:.0f} s, requeue hold {ledger.requeue_hold_s:.0f} s (wall clock)"
+    return "\n".join(
+        [
+            f"goodput ledger of {title} ({ledger.job_runs} job run(s); allocated from {source}):",
+            *("  " + line for line in table(rows).splitlines()),
+            f"  not allocated: {waits}",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from swiftslurm import slurm_cli
@@ -104,6 +104,7 @@ class Attempt:
     decision: decide.Decision | None = None
     result: NodeResult | None = None
     lease: lease.Lease | None = None  # leader: its lease on the run dir, checked before destructive steps
+    entered: dict[str, float] = field(default_factory=dict)  # phase -> when this attempt entered it (the ledger)
     nonce: str | None = None  # this run of the SLURM job (lease.nonce), in resume.json
 
     @property
@@ -122,8 +123,10 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None
         with SignalLog().installed() as installed:
             return run(run_dir, plan, where, installed)
     attempt = Attempt(run_dir, plan, where, attempt_id(where), signals, started=time.time(), nonce=lease.nonce(where))
+    attempt.entered[Phase.PREPARE.value] = attempt.started
     while attempt.phase is not Phase.DONE:
         attempt.phase = PHASES[attempt.phase](attempt)
+        attempt.entered.setdefault(attempt.phase.value, time.time())
         _record_phase(attempt)
     assert attempt.result is not None  # every way to DONE sets it
     return attempt.result
@@ -246,7 +249,7 @@ def _conclude(a: Attempt) -> Phase:
     here = attempt_dir(a.run_dir, a.id)
     with LeaderBeat(here / LEADER_BEAT).running() as beat:  # the others wait for the outcome meanwhile
         beat.doing("concluding the attempt")
-        a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts)
+        a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts, a.entered)
     restart = a.decision.action is decide.Action.RESTART
     next_attempt = attempt_id(a.where, a.restarts + 1, a.retry) if restart else None
     outcome.publish(here, outcome.Outcome(a.decision.action.value if restart else outcome.END, next_attempt), a.nonce)
@@ -288,6 +291,7 @@ def _act(a: Attempt) -> Phase:
     assert a.observed is not None
     a.signals.forget(len(a.observed.signals))  # acted on; one that came since is the next attempt's
     a.started = time.time()
+    a.entered = {}  # the next attempt's phases (it starts at AGREE_ON_RESUME)
     a.retry += 1
     a.id = attempt_id(a.where, a.restarts, a.retry)
     return Phase.AGREE_ON_RESUME
@@ -310,6 +314,7 @@ def _next_attempt(a: Attempt, next_id: str) -> Phase:
     a.signals.forget(len(a.observed.signals))
     a.restarts += 1
     a.id, a.started = next_id, time.time()
+    a.entered = {}  # the next attempt's phases (it starts at AGREE_ON_RESUME)
     a.resume = a.observed = a.decision = None
     return Phase.AGREE_ON_RESUME
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,11 @@ def conclude(
     resume: ResumePoint,
     observed: Observed,
     restarts: int = 0,
+    phases: Mapping[str, float] | None = None,
 ) -> decide.Decision:
     """Leader: classify the attempt, fold it into the run's history, decide, and write it all down.
-    ``restarts``: the restarts in place this allocation has made so far."""
+    ``restarts``: the restarts in place this allocation has made so far; ``phases``: when the attempt entered
+    each phase (attempt.py), recorded for the goodput ledger."""
     signal_reason, unknown_end = _signal_reason(observed, where, plan)
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
@@ -79,6 +81,7 @@ def conclude(
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
     record |= {"hang": observed.hang}
+    record["phases"] = {name: round(at, 3) for name, at in (phases or {}).items()}
     records.append_attempt(run_dir, record)
     records.write_status(
         run_dir,
@@ -320,6 +323,7 @@ def _record(
         "signals": [[signal.Signals(s).name, round(t, 3)] for s, t in observed.signals],
         "first_step_at": watch.first_step_at,
         "last_step": watch.step,
+        "last_step_at": watch.last_change_at,  # when node 0 saw that step: the last sign of training
         "max_steps": watch.max_steps,
         "resumed_from": str(resume.checkpoint) if resume.checkpoint else None,
         "resume_step": resume.step,

@@ -23,9 +23,10 @@ from swiftslurm.node.lease import TOKEN_ENV
 from swiftslurm.node.progress import LineFollower, ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
+from swiftslurm.node.timeline import TIMELINE_ENV
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
-from swiftslurm.rundir import attempt_dir, node_log, stacks_dir
+from swiftslurm.rundir import attempt_dir, node_log, stacks_dir, trainer_timeline
 from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
@@ -96,6 +97,7 @@ def train(
     cpu_before = _own_cpu_s()
     watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
+    env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
     trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
     watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed)
     if where.node_id == 0:  # the ranks announce their pauses from global rank 0, which runs on node 0

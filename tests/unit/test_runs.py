@@ -1,4 +1,4 @@
-"""Run facts for `status`: goodput arithmetic, the state decision, metrics, sweep records, the table."""
+"""Run facts for `status`: the state decision, metrics, sweep records, the table (the ledger: test_ledger.py)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,8 @@ import pytest
 
 from swiftslurm import status
 from swiftslurm.node.ckpt.checkpoint import commit
-from swiftslurm.runs import SlurmView, decide_state, gather, goodput, read_metrics, record_submission
+from swiftslurm.runs import SlurmView, decide_state, gather, read_metrics, record_submission
 from swiftslurm.sweep import read_points, record_point, run_dirs
-
-
-def attempt(start: float, end: float, first_step_at: float, resume: int, last: int, committed: int) -> dict:
-    return {
-        "start": start,
-        "end": end,
-        "first_step_at": first_step_at,
-        "resume_step": resume,
-        "last_step": last,
-        "committed_step": committed,
-        "hosts": ["a", "b"],
-    }
-
-
-def test_goodput_of_an_uninterrupted_run_is_its_training_share() -> None:
-    # 100 s allocated, 20 s start-up, 80 s training 80 steps, all committed.
-    assert goodput([attempt(0, 100, 20, 0, 80, 80)], nodes=2) == pytest.approx(0.8)
-
-
-def test_goodput_counts_steps_lost_after_the_last_commit_and_restarts_as_waste() -> None:
-    preempted = attempt(0, 100, 20, 0, 80, 60)  # 20 steps after the last commit are lost
-    resumed = attempt(200, 260, 220, 60, 100, 100)  # 20 s start-up again, 40 steps in 40 s
-    value = goodput([preempted, resumed], nodes=2)
-    assert value == pytest.approx((60 + 40) / (100 + 60))
-
-
-def test_goodput_skips_attempts_without_an_end_and_is_none_before_any() -> None:
-    lost = {"start": 0, "end": None, "hosts": ["a"]}
-    assert goodput([lost], nodes=1) is None
-    assert goodput([], nodes=1) is None
 
 
 @pytest.mark.parametrize(

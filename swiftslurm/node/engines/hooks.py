@@ -14,6 +14,9 @@ The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
 For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its stack dump at import
 (`register_stack_dump`), and global rank 0 announces the pauses the wrapper must not take for a hang
 (`announce_pause`: a save, an evaluation, an epoch boundary).
+
+Global rank 0 also writes the trainer's timeline (node/timeline.py): loop begun, each save and commit, loop
+ended, for the goodput ledger.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from swiftslurm.node.engines import shared_commit
 from swiftslurm.node.engines.stop_vote import StopVote
 from swiftslurm.node.hang import PAUSE_LINE
 from swiftslurm.node.signals import DUMP_SIGNAL
+from swiftslurm.node.timeline import COMMITTED, TRAIN_BEGIN, TRAIN_END, TimelineWriter
 from swiftslurm.rundir import stack_file
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
@@ -122,6 +126,12 @@ class Committer:
         self.engine = engine
         self._commit: threading.Thread | None = None  # at most one in flight
         self._group: Any = None  # the CPU group the commits use, created at the first save
+        self.timeline = TimelineWriter(None)  # rank 0's, from train_begun on
+
+    def train_begun(self, step: int) -> None:
+        """The training loop begins (model and resume checkpoint loaded): from here on, time is training."""
+        self.timeline = TimelineWriter.from_environ(is_global_rank_zero())
+        self.timeline.event(TRAIN_BEGIN, step=step)
 
     def after_save(self, folder: Path, last_step: int | None) -> None:
         """Every rank calls this once its share of ``folder`` is written. The previous commit is finished
@@ -135,6 +145,7 @@ class Committer:
             target=self._run_commit, args=(folder, world_size, last_step), name="swiftslurm-commit"
         )
         self._commit.start()
+        self.timeline.saved(checkpoint.checkpoint_step(folder) or 0)
 
     def wait(self) -> None:
         """Return once the commit in flight (if any) is done."""
@@ -173,6 +184,7 @@ class Committer:
         manifest = checkpoint.commit(
             folder, world_size, swift_version(), last_step=last_step, engine=self.engine, identity=identity, files=files
         )
+        self.timeline.event(COMMITTED, step=manifest["step"])
         took, size_gb = time.monotonic() - started, sum(entry["size"] for entry in manifest["files"]) / 1e9
         hashers = world_size if files is not None else 1
         print(
@@ -199,4 +211,6 @@ class Committer:
         # and the wrapper forwards it) has nothing left to save, but once Python finalises it restores the
         # default action and the signal would kill this rank, failing a run that ended well.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        ended = time.time()
         self.wait()
+        self.timeline.event(TRAIN_END, started=round(ended, 3))

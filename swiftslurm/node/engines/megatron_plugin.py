@@ -63,6 +63,10 @@ class MegatronCommitCallback(MegatronCallback):
 
     def on_train_begin(self) -> None:
         self._last_step = int(self.args.train_iters)  # the planned last iteration (epochs already counted)
+        self._committer.train_begun(int(self.state.iteration))
+
+    def on_step_end(self) -> None:
+        self._committer.timeline.step_ended()
 
     def on_save(self, output_dir: str) -> None:
         self._committer.after_save(Path(output_dir), last_step=self._last_step)

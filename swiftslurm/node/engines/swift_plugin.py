@@ -63,6 +63,14 @@ class CommitCallback(TrainerCallback):
         super().__init__(args, trainer)
         self._committer = Committer(engine="swift")
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._committer.train_begun(state.global_step)  # after the resume checkpoint was loaded
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._committer.timeline.step_ended()
+        return control
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         self._committer.after_save(folder, last_step=state.max_steps)

@@ -1,0 +1,90 @@
+"""The goodput ledger on the real local SLURM cluster with real ms-swift: a 2-node run preempted twice
+(time-compressed: at steps, every step at least STEP_FLOOR_S long) and one whose worker crashes; the ledger's
+categories add up to SLURM's accounting of the allocation, in `status` and in `status --json`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import attempts, preempt_at_steps, submit, swiftslurm, wait_for_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+HERE = Path(__file__).resolve().parent
+STEP_FLOOR = str(HERE / "step_floor_plugin.py")
+CRASH = str(HERE / "crash_once_plugin.py")
+CRASH_STEP = 30  # crash_once_plugin.CRASH_STEP (importing it would import ms-swift here)
+STEP_FLOOR_S = 0.25  # step_floor_plugin.STEP_FLOOR_S
+RUN = ("swift.max_steps=80", "swift.save_steps=20")
+TOLERANCE = 0.02  # the categories add up to the allocated time within 2%
+
+
+def sacct_allocated_s(job: str, devices_per_node: int) -> float:
+    """SLURM's own figure, asked here independently of swiftslurm: every run of the job, elapsed × nodes."""
+    out = subprocess.run(
+        ["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "ElapsedRaw,AllocNodes"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sum(int(e) * int(n) * devices_per_node for e, n in (line.split("|") for line in out.split()))
+
+
+def ledger_of(run_dir: Path) -> tuple[dict[str, Any], str]:
+    as_json = swiftslurm("status", str(run_dir), "--json", cwd=run_dir.parent)
+    assert as_json.returncode == 0, as_json.stderr
+    text = swiftslurm("status", str(run_dir), cwd=run_dir.parent)
+    assert text.returncode == 0, text.stderr
+    print(text.stdout)
+    ledger = json.loads(as_json.stdout)["runs"][0]["ledger"]
+    print(json.dumps(ledger, indent=1))
+    assert ledger is not None and "goodput ledger of" in text.stdout
+    return ledger, text.stdout
+
+
+def assert_adds_up(ledger: dict[str, Any], job: str) -> None:
+    allocated = sacct_allocated_s(job, devices_per_node=1)  # local-slurm: 1 CPU process per node
+    assert ledger["allocated_s"] == pytest.approx(allocated, abs=1.0)
+    assert ledger["allocated_from"] == "slurm accounting"
+    spent = sum(ledger["spent_s"].values())
+    assert abs(spent - allocated) <= TOLERANCE * allocated, (spent, allocated)
+
+
+def test_a_run_preempted_twice_accounts_for_every_allocated_second(tmp_path: Path, slurm_cluster: None) -> None:
+    run_dir = tmp_path / "run"
+    plugin = (f"swift.external_plugins=[{STEP_FLOOR}]", "swift.callbacks=[step_floor]")
+    job = submit(run_dir, *RUN, *plugin)
+    preempt_at_steps(run_dir, job, [25, 55])
+    assert wait_for_job(job) == "COMPLETED"
+    assert [a["reason"] for a in attempts(run_dir)] == ["preempted", "preempted", "finished"]
+    ledger, _ = ledger_of(run_dir)
+    assert_adds_up(ledger, job)
+    spent = ledger["spent_s"]
+    assert ledger["job_runs"] == 3 and ledger["requeue_hold_s"] > 0
+    for category in ("startup", "load", "committed", "save", "restart", "finish"):
+        assert spent[category] > 0, category
+    assert spent["uncommitted"] == 0  # nothing is running any more
+    assert 0 < ledger["goodput"] < 1
+
+
+def test_a_worker_crash_shows_the_training_lost_since_the_last_commit(tmp_path: Path, slurm_cluster: None) -> None:
+    run_dir = tmp_path / "run"
+    plugins = (f"swift.external_plugins=[{STEP_FLOOR},{CRASH}]", "swift.callbacks=[step_floor,crash_once]")
+    job = submit(run_dir, *RUN, *plugins, "resilience.backoff_base_s=1")
+    assert wait_for_job(job) == "COMPLETED"
+    records = attempts(run_dir)
+    assert [(a["reason"], a["decision"]) for a in records] == [("infra", "restart"), ("finished", "done")]
+    assert records[1]["resume_step"] == 20  # the crash at step 30 lost the 10 steps after the commit of 20
+    ledger, _ = ledger_of(run_dir)
+    assert_adds_up(ledger, job)
+    spent = ledger["spent_s"]
+    # Lost: from the commit of step 20 to the last step node 0 saw logged before the crash (25; ms-swift logs
+    # every 5 steps), 5 steps of at least STEP_FLOOR_S on both nodes. Noticing the crash is the restart's.
+    assert spent["lost"] >= (CRASH_STEP - 5 - 20) * STEP_FLOOR_S * 2
+    assert records[0]["last_step"] >= CRASH_STEP - 5
+    assert spent["committed"] >= 80 * STEP_FLOOR_S * 2
+    assert spent["restart"] > 0 and ledger["job_runs"] == 1  # restarted inside the same allocation
