@@ -35,7 +35,7 @@ def watcher(tmp_path: Path) -> Iterator[Callable[[SignalLog, Callable[[], bool]]
         started.append(trainer)
         watch = ProgressWatch(tmp_path / "node0.log", time.time(), re.compile(r"(\d+)/(\d+)"))
         where = SlurmEnv.from_environ({})
-        return _Watcher(plan, where, trainer, lambda _pid: [], signals, watch, None, peer_failed)
+        return _Watcher(plan, where, trainer, lambda _pid: [], signals, watch, None, tmp_path, peer_failed)
 
     yield make
     for trainer in started:
