@@ -258,7 +258,11 @@ def _conclude(a: Attempt) -> Phase:
 
 
 def _await_outcome(a: Attempt) -> Phase:
-    """A follower whose trainer ended: node 0 says whether every node restarts in place or this node exits."""
+    """A follower whose trainer ended: node 0 says whether every node restarts in place or this node exits.
+    A stop signal (preemption, time limit, scancel) reaches every node's task, and a signalled attempt is
+    never restarted in place (decide.restart_in_place), so a signalled follower does not wait for the word."""
+    if a.stopped():
+        return Phase.DONE
     said = outcome.wait_for(attempt_dir(a.run_dir, a.id), a.nonce)
     if said.action != decide.Action.RESTART.value or said.next_attempt is None:
         return Phase.DONE

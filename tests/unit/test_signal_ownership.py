@@ -142,8 +142,12 @@ def test_a_waiting_node_stops_at_its_own_signal_without_the_resume_point(tmp_pat
 
 
 def test_a_follower_signalled_while_waiting_ends_cleanly_with_its_result(
-    tmp_path: Path, trainer_starts: list[list[tuple[int, float]]]
+    tmp_path: Path, trainer_starts: list[list[tuple[int, float]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    def no_word_awaited(*_: object) -> None:  # a signalled attempt is never restarted in place
+        raise AssertionError("a signalled follower waits for node 0's outcome (up to its heartbeat's 180 s)")
+
+    monkeypatch.setattr(attempt.outcome, "wait_for", no_word_awaited)
     run_dir = tmp_path / "run"
     plan = plan_for("+cluster=local-slurm", f"run_dir={run_dir}")  # two nodes
     run_dir.mkdir()
