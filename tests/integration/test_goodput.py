@@ -64,7 +64,10 @@ def test_a_run_preempted_twice_accounts_for_every_allocated_second(tmp_path: Pat
     ledger, _ = ledger_of(run_dir)
     assert_adds_up(ledger, job)
     spent = ledger["spent_s"]
-    assert ledger["job_runs"] == 3 and ledger["requeue_hold_s"] > 0
+    assert ledger["job_runs"] == 3
+    # The old run ends as soon as SLURM accepts the requeue (no KillWait hold): sacct's End of a run and the
+    # next run's Submit are the same second, give or take sacct's rounding.
+    assert ledger["requeue_hold_s"] <= 2 * 2
     for category in ("startup", "load", "committed", "save", "restart", "finish"):
         assert spent[category] > 0, category
     assert spent["uncommitted"] == 0  # nothing is running any more
