@@ -1,0 +1,118 @@
+"""What the run dir records about how an attempt ended, whoever submitted the job (issue 17, items 5 and 9): a
+wrapper's refusal before the attempt starts (status.json says why), one line per refusal on stderr, and no
+attempt_open.json left behind by a concluded attempt."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from swiftslurm.errors import NodeError
+from swiftslurm.node import __main__ as node_main
+from swiftslurm.node import attempt, conclude
+from swiftslurm.node.records import read_attempts, read_status
+from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.node.supervise import run_node
+from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import ATTEMPTS, STATUS, plan_file
+from swiftslurm.submit import prepare_run_dir
+from tests.conftest import plan_for
+
+JOB = "4343"
+
+
+def slurm_env(nodes: int, node: int = 0) -> dict[str, str]:
+    """SLURM's variables for node ``node`` of a job of ``nodes`` nodes (one task each)."""
+    hosts = ",".join(f"n{i + 1}" for i in range(nodes))
+    return {
+        "SLURM_JOB_ID": JOB,
+        "SLURM_JOB_NODELIST": hosts,
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NODEID": str(node),
+        "SLURM_PROCID": str(node),
+        "SLURM_NTASKS": str(nodes),
+    }
+
+
+def one_node_run_dir(tmp_path: Path) -> tuple[Path, JobPlan]:
+    run_dir = tmp_path / "run"
+    plan = replace(plan_for(f"run_dir={run_dir}", "+cluster=local-slurm", "cluster.nodes=1"), tiny_cache=None)
+    assert plan.topology.nodes == 1
+    prepare_run_dir(plan, "")
+    return run_dir, plan
+
+
+def test_a_wrong_node_count_is_recorded_in_status_with_the_fix(tmp_path: Path) -> None:
+    """`sbatch --nodes=2` of a 1-node plan: the wrapper refuses, and status.json says why (was: no record, and
+    `status` showed `unknown` with no reason; the explanation was only in the job's log, wherever that was)."""
+    run_dir, plan = one_node_run_dir(tmp_path)
+
+    with pytest.raises(NodeError, match="--nodes=1") as refused:
+        attempt.run(run_dir, plan, SlurmEnv.from_environ(slurm_env(2)))
+
+    status = read_status(run_dir)
+    assert status is not None, "no status.json"
+    assert (status["state"], status["reason"], status["why"]) == ("failed", "user_error", str(refused.value))
+    assert status["job_id"] == JOB
+    [record] = read_attempts(run_dir)
+    assert (record["attempt"], record["refused"], record["decision"]) == (JOB, True, "stop")
+
+
+def test_a_follower_that_refuses_records_nothing(tmp_path: Path) -> None:
+    """Node 0 alone writes the run's records (it refuses the same allocation at the same time)."""
+    run_dir, plan = one_node_run_dir(tmp_path)
+    with pytest.raises(NodeError):
+        attempt.run(run_dir, plan, SlurmEnv.from_environ(slurm_env(2, node=1)))
+    assert not (run_dir / STATUS).exists() and not (run_dir / ATTEMPTS).exists()
+
+
+def test_a_refused_job_beside_the_runs_leader_changes_nothing(tmp_path: Path) -> None:
+    """A second job of the run dir with a wrong node count, while the first still runs: the first's records
+    stand (only the lease's holder writes them)."""
+    run_dir, _ = one_node_run_dir(tmp_path)
+    (run_dir / "lease.json").write_text(json.dumps({"job": "99", "token": 3}))
+    (run_dir / STATUS).write_text(json.dumps({"state": "running", "job_id": "99"}))
+
+    where = SlurmEnv.from_environ(slurm_env(2))
+    assert not conclude.record_refusal(run_dir, where, JOB, "wrong node count", alive=lambda job: job == "99")
+
+    assert read_status(run_dir) == {"state": "running", "job_id": "99"}
+    assert not (run_dir / ATTEMPTS).exists()
+
+
+def test_a_changed_plan_is_recorded_in_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir, _ = one_node_run_dir(tmp_path)
+    plan_file(run_dir).write_text(plan_file(run_dir).read_text().replace('"run_name"', '"run_name" ', 1))
+    for name, value in slurm_env(1).items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(NodeError, match="changed since the run dir was prepared"):
+        run_node(str(run_dir))
+
+    status = read_status(run_dir)
+    assert status is not None and status["state"] == "failed" and "never edit plan.json" in status["why"]
+
+
+class Writes(io.StringIO):
+    """A stream that remembers each write() call, as a pipe's reader would see them arrive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+def test_the_wrappers_refusal_is_one_whole_line_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """print() wrote the message and its newline in two writes, and srun's own error line landed between them:
+    `...cluster.nodes=1.srun: error: ...`. The line now arrives whole, newline included."""
+    stderr = Writes()
+    monkeypatch.setattr("sys.stderr", stderr)
+    assert node_main.main([str(tmp_path / "no-run-dir")]) == 2
+    assert len(stderr.calls) == 1 and stderr.calls[0].endswith("\n") and "plan.json" in stderr.calls[0]
