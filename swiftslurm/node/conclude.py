@@ -83,7 +83,7 @@ def conclude(
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
     record |= {"hang": observed.hang}
     record["phases"] = {name: round(at, 3) for name, at in (phases or {}).items()}
-    records.append_attempt(run_dir, record)
+    records.close_attempt(run_dir, record)
     records.write_status(
         run_dir,
         _state(decision, cancelled),
@@ -181,7 +181,7 @@ def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: 
     hosts = list(where.hosts) or [socket.gethostname()]
     record: dict[str, object] = {"attempt": attempt, "job_id": where.job_id, "hosts": hosts}
     record |= {"start": now, "end": now, "preflight": "failed", "progressed": False, "reason": reason}
-    records.append_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
+    records.close_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
     records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
     publish_failure(resume_file(run_dir, attempt), why, nonce)  # the others stop waiting
     print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)

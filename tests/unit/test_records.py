@@ -13,12 +13,12 @@ import pytest
 
 from swiftslurm.errors import NodeError
 from swiftslurm.node import __main__ as node_main
-from swiftslurm.node import attempt, conclude
+from swiftslurm.node import attempt, conclude, records
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.supervise import run_node
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, STATUS, plan_file
+from swiftslurm.rundir import ATTEMPTS, OPEN_ATTEMPT, STATUS, plan_file
 from swiftslurm.submit import prepare_run_dir
 from tests.conftest import plan_for
 
@@ -116,3 +116,30 @@ def test_the_wrappers_refusal_is_one_whole_line_on_stderr(tmp_path: Path, monkey
     monkeypatch.setattr("sys.stderr", stderr)
     assert node_main.main([str(tmp_path / "no-run-dir")]) == 2
     assert len(stderr.calls) == 1 and stderr.calls[0].endswith("\n") and "plan.json" in stderr.calls[0]
+
+
+def test_a_concluded_attempt_leaves_no_open_mark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17, item 9: attempt_open.json stayed in every finished run dir. A whole attempt (the SKIP path: the
+    run's last step is committed) opens its mark, records itself and removes it; the lost attempt before it is
+    recorded as lost."""
+    from tests.unit import test_attempt_skip as skip
+
+    monkeypatch.setattr(attempt, "train", lambda *_: pytest.fail("no trainer should start"))
+    run_dir = tmp_path / "run"
+    skip.committed_checkpoint(run_dir, skip.LAST_STEP, last_step=skip.LAST_STEP)
+    skip.killed_first_attempt(run_dir)
+
+    result = attempt.run(run_dir, skip.one_node_plan(run_dir), skip.requeued_leader())
+
+    assert result.decision == "done"
+    assert [r["attempt"] for r in read_attempts(run_dir)] == [skip.JOB, f"{skip.JOB}.r1"]
+    assert not (run_dir / OPEN_ATTEMPT).exists()
+
+
+def test_an_open_mark_of_another_attempt_stays(tmp_path: Path) -> None:
+    """Only the recorded attempt's own mark goes: a newer attempt's (opened meanwhile) is left alone."""
+    records.open_attempt(tmp_path, {"attempt": "7.r1"})
+    records.close_attempt(tmp_path, {"attempt": "7"})
+    assert records.read_open_attempt(tmp_path) == {"attempt": "7.r1"}
+    records.close_attempt(tmp_path, {"attempt": "7.r1"})
+    assert records.read_open_attempt(tmp_path) is None
