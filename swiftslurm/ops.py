@@ -27,7 +27,7 @@ from swiftslurm.runs import (
     record_submission,
     slurm_job_ids,
 )
-from swiftslurm.sweep import run_dirs
+from swiftslurm.sweep import is_sweep, record_resubmission, run_dirs
 
 ACTIVE_STATES = ("pending", "running", "requeued")
 CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
@@ -75,7 +75,8 @@ def _scancel(args: list[str]) -> None:
             raise
 
 
-def resume(run_dir: Path) -> str:
+def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:
+    """Resubmit the run (``sweep_dir``: the sweep it is a point of, whose record then names the new job)."""
     from swiftslurm import submit
     from swiftslurm.plan import JobPlan
 
@@ -88,6 +89,8 @@ def resume(run_dir: Path) -> str:
     (run_dir / CANCELLED).unlink(missing_ok=True)
     job = submit.submit(plan)
     record_submission(run_dir, str(job.job_id), plan.scheduler)
+    if sweep_dir is not None:
+        record_resubmission(sweep_dir, run_dir, str(job.job_id))
     where = f"step {facts.committed_step}" if facts.committed_step else "the start (nothing committed)"
     return f"{facts.run_name}: resubmitted as job {job.job_id}; resumes from {where}."
 
@@ -133,12 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "logs":
             print_logs(args.run_dir, args.node, args.follow)
             return 0
-        action = cancel if args.command == "cancel" else resume
         dirs = run_dirs(args.path)
         if not dirs:
             raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.jsonl).")
+        sweep_dir = args.path if is_sweep(args.path) else None
         for run_dir in dirs:
-            print(action(run_dir))
+            print(cancel(run_dir) if args.command == "cancel" else resume(run_dir, sweep_dir))
     except SwiftSlurmError as err:
         print(f"swiftslurm: {err}", file=sys.stderr)
         return 2

@@ -8,9 +8,11 @@ import io
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from swiftslurm import ops, submit
 from swiftslurm.errors import NodeError
 from swiftslurm.node import __main__ as node_main
 from swiftslurm.node import attempt, conclude, records
@@ -19,7 +21,9 @@ from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.supervise import run_node
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import ATTEMPTS, OPEN_ATTEMPT, STATUS, plan_file
+from swiftslurm.runs import record_submission
 from swiftslurm.submit import prepare_run_dir
+from swiftslurm.sweep import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
 from tests.conftest import plan_for
 
 JOB = "4343"
@@ -143,3 +147,39 @@ def test_an_open_mark_of_another_attempt_stays(tmp_path: Path) -> None:
     assert records.read_open_attempt(tmp_path) == {"attempt": "7.r1"}
     records.close_attempt(tmp_path, {"attempt": "7.r1"})
     assert records.read_open_attempt(tmp_path) is None
+
+
+def failed_point(tmp_path: Path, name: str) -> Path:
+    """A prepared run dir whose (local) job is gone without a final record: `resume` submits it again."""
+    run_dir = tmp_path / "runs" / name
+    prepare_run_dir(replace(plan_for(f"run_dir={run_dir}"), tiny_cache=None), "")
+    record_submission(run_dir, "999999999", "local")  # no such process: the job failed
+    return run_dir
+
+
+def test_resume_of_a_sweep_records_the_new_jobs_in_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17, item 9: after `swiftslurm resume SWEEP_DIR` the sweep's record still named the old jobs. The
+    submission itself is a stand-in here (tests/integration/test_operations.py submits for real)."""
+    sweep_dir = tmp_path / "sweep"
+    for num, name in enumerate(("p0", "p1")):
+        record_point(sweep_dir, {"num": num, "run_dir": str(failed_point(tmp_path, name)), "job_id": "999999999"})
+    new_jobs = iter(["701", "702"])
+    monkeypatch.setattr(submit, "submit", lambda plan: SimpleNamespace(job_id=next(new_jobs)))
+
+    assert ops.main(["resume", str(sweep_dir)]) == 0
+
+    points = read_points(sweep_dir)
+    assert [(p["job_id"], p["action"]) for p in points] == [("701", "resubmitted"), ("702", "resubmitted")]
+    assert [p["num"] for p in points] == [0, 1]
+
+
+def test_resume_of_a_legacy_sweep_keeps_every_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep recorded in sweep.json (before sweep.jsonl): its first resubmission carries all points over."""
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    points = [{"num": n, "run_dir": str(failed_point(tmp_path, f"p{n}")), "job_id": "9"} for n in range(2)]
+    (sweep_dir / LEGACY_SWEEP_FILE).write_text(json.dumps({"points": points}))
+
+    record_resubmission(sweep_dir, Path(points[1]["run_dir"]), "703")
+
+    assert [p["job_id"] for p in read_points(sweep_dir)] == ["9", "703"]
