@@ -77,8 +77,8 @@ def conclude(
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
         how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
-        reason = decide.Reason.CANCELLED
-        decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
+        decision = decide.cancelled(how, reason, explanation, facts.steps_done)
+        reason = decision.reason
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
     record |= {"hang": observed.hang}
