@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from swiftslurm import ops, submit
+from swiftslurm import ops, slurm_cli, submit
 from swiftslurm.errors import NodeError
 from swiftslurm.node import __main__ as node_main
 from swiftslurm.node import attempt, conclude, records
@@ -20,8 +20,8 @@ from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.supervise import run_node
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, OPEN_ATTEMPT, STATUS, plan_file
-from swiftslurm.runs import record_submission
+from swiftslurm.rundir import ATTEMPTS, CANCELLED, OPEN_ATTEMPT, STATUS, plan_file
+from swiftslurm.runs import SlurmView, record_submission
 from swiftslurm.submit import prepare_run_dir
 from swiftslurm.sweep import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
 from tests.conftest import plan_for
@@ -183,3 +183,42 @@ def test_resume_of_a_legacy_sweep_keeps_every_point(tmp_path: Path, monkeypatch:
     record_resubmission(sweep_dir, Path(points[1]["run_dir"]), "703")
 
     assert [p["job_id"] for p in read_points(sweep_dir)] == ["9", "703"]
+
+
+class Scancel:
+    """slurm_cli.run as SLURM answers scancel: a save signal makes each signalled job's wrapper record its attempt
+    (what the real wrapper does, shortened to at once), so the calls show the order of signals and waits."""
+
+    def __init__(self, jobs: dict[str, Path]) -> None:
+        self.jobs = jobs  # job id -> its run dir
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: list[str], timeout_s: float = 0) -> str:
+        self.calls.append(argv)
+        if argv[:2] == ["scancel", "--signal=USR2"]:
+            for job in argv[2:]:
+                records.append_attempt(self.jobs[job], {"attempt": job, "committed_step": 48, "reason": "cancelled"})
+        return ""
+
+
+def test_cancelling_a_sweep_signals_every_point_before_waiting_for_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17, item 10: `cancel SWEEP_DIR` saved the points one after another (one stopped at step 48 while
+    another trained on to 168). Now one save signal reaches all running points, then one wait, then one scancel."""
+    sweep_dir = tmp_path / "sweep"
+    jobs = {}
+    for num, job in enumerate(("501", "502")):
+        run_dir = tmp_path / "runs" / f"p{num}"
+        prepare_run_dir(replace(plan_for(f"run_dir={run_dir}", "+cluster=local-slurm"), tiny_cache=None), "")
+        record_submission(run_dir, job, "slurm")
+        record_point(sweep_dir, {"num": num, "run_dir": str(run_dir), "job_id": job})
+        jobs[job] = run_dir
+    slurm = Scancel(jobs)
+    monkeypatch.setattr(slurm_cli, "run", slurm.run)
+    monkeypatch.setattr(ops, "ask_slurm", lambda ids: SlurmView(True, dict.fromkeys(ids, "RUNNING")))
+
+    assert ops.main(["cancel", str(sweep_dir)]) == 0
+
+    assert slurm.calls == [["scancel", "--signal=USR2", "501", "502"], ["scancel", "501", "502"]]
+    assert all((run_dir / CANCELLED).is_file() for run_dir in jobs.values())
