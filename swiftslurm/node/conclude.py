@@ -193,14 +193,13 @@ def record_refusal(
 ) -> bool:
     """Node 0: the wrapper refuses to start this attempt (a wrong node count, a changed plan.json): record it in
     attempts.jsonl and status.json (`failed`, reason user_error, ``why``), so the run dir says why, whoever
-    submitted the job; the job's log may be anywhere. Only as the run's leader (it takes the lease): a refused
-    job beside one that runs changes nothing. False when nothing was recorded (not node 0, not a run dir,
-    another job leads)."""
+    submitted the job; the job's log may be anywhere. Not while another job leads the run: a refused job beside
+    one that runs changes nothing. It does not take the lease either (a fixed resubmission may start while this
+    job is still completing). False when nothing was recorded (not node 0, not a run dir, another job leads)."""
     if where.node_id != 0 or not plan_file(run_dir).is_file():
         return False
-    taken = lease.acquire(run_dir, where, attempt, alive)
-    if not isinstance(taken, Lease):
-        print(f"[swiftslurm] {taken}", flush=True)
+    if (elsewhere := lease.led_elsewhere(run_dir, where, alive)) is not None:
+        print(f"[swiftslurm] not recorded in {run_dir}: {elsewhere}", flush=True)
         return False
     reason, stop = decide.Reason.USER_ERROR.value, decide.Action.STOP.value
     now = round(time.time(), 3)

@@ -20,7 +20,7 @@ from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.supervise import run_node
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, CANCELLED, OPEN_ATTEMPT, STATUS, plan_file
+from swiftslurm.rundir import ATTEMPTS, CANCELLED, OPEN_ATTEMPT, STATUS, lease_file, plan_file
 from swiftslurm.runs import SlurmView, record_submission
 from swiftslurm.submit import prepare_run_dir
 from swiftslurm.sweep import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
@@ -64,6 +64,7 @@ def test_a_wrong_node_count_is_recorded_in_status_with_the_fix(tmp_path: Path) -
     assert status["job_id"] == JOB
     [record] = read_attempts(run_dir)
     assert (record["attempt"], record["refused"], record["decision"]) == (JOB, True, "stop")
+    assert not lease_file(run_dir).exists()  # a resubmission starting while this job completes may lead
 
 
 def test_a_follower_that_refuses_records_nothing(tmp_path: Path) -> None:
