@@ -2,7 +2,8 @@
 
 - logs: the current attempt's node logs (`--follow` keeps printing, across requeues, until the run ends).
 - cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it); a running job is
-  asked to save its current step first (USR2) and given time to record it; then `scancel`.
+  asked to save its current step first (USR2) and given time to record it; then `scancel`. A sweep's (or a
+  folder's) runs are cancelled together: one signal to all, one wait, one `scancel`.
 - resume: resubmit a stopped, failed or cancelled run; it continues from its newest committed checkpoint.
   A sweep dir resumes every point that is not finished or still queued.
 """
@@ -27,7 +28,7 @@ from swiftslurm.runs import (
     record_submission,
     slurm_job_ids,
 )
-from swiftslurm.sweep import run_dirs
+from swiftslurm.sweep import is_sweep, record_resubmission, run_dirs
 
 ACTIVE_STATES = ("pending", "running", "requeued")
 CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
@@ -44,27 +45,54 @@ def facts_of(run_dir: Path) -> RunFacts:
 
 
 def cancel(run_dir: Path, save_wait_s: float = CANCEL_SAVE_WAIT_S) -> str:
-    """Stop the run for good. A running job is first asked to save (USR2, as before a preemption; the mark
-    makes the wrapper stop instead of requeuing) and given ``save_wait_s`` to record its attempt: a plain
-    `scancel` leaves it only SLURM's KillWait (often 30 s or less) to save, commit and record. Then
-    `scancel` ends whatever is left (a job waiting in the queue, a wrapper that did not finish)."""
-    facts = facts_of(run_dir)
-    if facts.state in FINAL_STATES:
-        return f"{facts.run_name}: already {facts.state}; nothing to cancel."
-    write_json_atomic(run_dir / CANCELLED, {"at": time.time()})
-    if not (facts.job_id and slurm_job_ids([run_dir])):
-        return f"{facts.run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
-    saved = ""
-    if facts.state == "running":
-        recorded = len(read_attempts(run_dir))
-        _scancel(["--signal=USR2", facts.job_id])
-        deadline = time.monotonic() + save_wait_s
-        while len(read_attempts(run_dir)) == recorded and time.monotonic() < deadline:
-            time.sleep(FOLLOW_POLL_S)
-        if len(read_attempts(run_dir)) > recorded:
-            saved = f"; saved at step {read_attempts(run_dir)[-1].get('committed_step')}"
-    _scancel([facts.job_id])
-    return f"{facts.run_name}: cancelled job {facts.job_id}{saved}."
+    """Stop one run for good (cancel_all of one)."""
+    return cancel_all([run_dir], save_wait_s)[0]
+
+
+def cancel_all(run_dirs: list[Path], save_wait_s: float = CANCEL_SAVE_WAIT_S) -> list[str]:
+    """Stop runs for good, all at once: a sweep's points save the step each is at now, not one after another
+    while the others train on. Each run is marked cancelled (the wrapper then stops instead of requeuing);
+    every running job is asked to save with one `scancel --signal=USR2` (as before a preemption) and all get the
+    same ``save_wait_s`` to record their attempts: a plain `scancel` leaves only SLURM's KillWait (often 30 s or
+    less) to save, commit and record. Then one `scancel` ends whatever is left (jobs waiting in the queue,
+    wrappers that did not finish). One line per run, in order."""
+    job_ids = slurm_job_ids(run_dirs)
+    slurm = ask_slurm(job_ids) if job_ids else None
+    facts = {run_dir: gather(run_dir, slurm) for run_dir in run_dirs}
+    said = {
+        d: f"{f.run_name}: already {f.state}; nothing to cancel." for d, f in facts.items() if f.state in FINAL_STATES
+    }
+    for run_dir in [d for d in run_dirs if d not in said]:
+        write_json_atomic(run_dir / CANCELLED, {"at": time.time()})
+        if not (facts[run_dir].job_id and slurm_job_ids([run_dir])):
+            said[run_dir] = (
+                f"{facts[run_dir].run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
+            )
+    live = [d for d in run_dirs if d not in said]
+    recorded = {d: len(read_attempts(d)) for d in live if facts[d].state == "running"}
+    if recorded:
+        _scancel(["--signal=USR2", *(str(facts[d].job_id) for d in recorded)])
+        _wait_for_records(recorded, save_wait_s)
+    if live:
+        _scancel([str(facts[d].job_id) for d in live])
+    for run_dir in live:
+        said[run_dir] = f"{facts[run_dir].run_name}: cancelled job {facts[run_dir].job_id}{_saved(run_dir, recorded)}."
+    return [said[d] for d in run_dirs]
+
+
+def _wait_for_records(recorded: dict[Path, int], wait_s: float) -> None:
+    """Until each run has more attempt records than ``recorded`` says, or ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    while any(len(read_attempts(d)) == n for d, n in recorded.items()) and time.monotonic() < deadline:
+        time.sleep(FOLLOW_POLL_S)
+
+
+def _saved(run_dir: Path, recorded: dict[Path, int]) -> str:
+    """'; saved at step N' when the run recorded its attempt after the save signal, else ''."""
+    attempts = read_attempts(run_dir)
+    if run_dir not in recorded or len(attempts) <= recorded[run_dir]:
+        return ""
+    return f"; saved at step {attempts[-1].get('committed_step')}"
 
 
 def _scancel(args: list[str]) -> None:
@@ -75,7 +103,8 @@ def _scancel(args: list[str]) -> None:
             raise
 
 
-def resume(run_dir: Path) -> str:
+def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:
+    """Resubmit the run (``sweep_dir``: the sweep it is a point of, whose record then names the new job)."""
     from swiftslurm import submit
     from swiftslurm.plan import JobPlan
 
@@ -88,6 +117,8 @@ def resume(run_dir: Path) -> str:
     (run_dir / CANCELLED).unlink(missing_ok=True)
     job = submit.submit(plan)
     record_submission(run_dir, str(job.job_id), plan.scheduler)
+    if sweep_dir is not None:
+        record_resubmission(sweep_dir, run_dir, str(job.job_id))
     where = f"step {facts.committed_step}" if facts.committed_step else "the start (nothing committed)"
     return f"{facts.run_name}: resubmitted as job {job.job_id}; resumes from {where}."
 
@@ -133,12 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "logs":
             print_logs(args.run_dir, args.node, args.follow)
             return 0
-        action = cancel if args.command == "cancel" else resume
         dirs = run_dirs(args.path)
         if not dirs:
             raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.jsonl).")
+        if args.command == "cancel":  # all together: a sweep's points stop at the same moment
+            print("\n".join(cancel_all(dirs)))
+            return 0
+        sweep_dir = args.path if is_sweep(args.path) else None
         for run_dir in dirs:
-            print(action(run_dir))
+            print(resume(run_dir, sweep_dir))
     except SwiftSlurmError as err:
         print(f"swiftslurm: {err}", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@
       job.json           the latest submission (job id, scheduler)
       status.json        the leader's view of the run (state, the phase of its attempt), replaced atomically
       attempts.jsonl     one record per attempt, append-only
-      attempt_open.json  the attempt in progress; left behind if it died without a record
+      attempt_open.json  the attempt in progress, removed once it is recorded; left behind if it died
+                         without a record (the next attempt records it as lost)
       lease.json         the leader's lease: which job leads the run, its fencing token, heartbeat
       lease.lock         locked while lease.json is read and replaced
       cancelled.json     `swiftslurm cancel` was here

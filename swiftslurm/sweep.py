@@ -3,9 +3,9 @@
 Every point of a Hydra multirun is composed once, planned and written by swiftslurm's own sweeper
 (hydra_plugins/swiftslurm_sweeper, swiftslurm/sweeper.py) and recorded in `<sweep dir>/sweep.jsonl`, one line
 per event, appended: `planned` when its run directory is written, then `submitted` with its job id (or why it
-was skipped). The newest line of a run directory is its state. Each point is an ordinary run with its own run
-directory, requeued and resumed on its own. Running the same sweep again skips the points that are finished or
-still queued.
+was skipped), and `resubmitted` with the new job id when `swiftslurm resume SWEEP_DIR` submits it again. The
+newest line of a run directory is its state. Each point is an ordinary run with its own run directory, requeued
+and resumed on its own. Running the same sweep again skips the points that are finished or still queued.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ def record_points(sweep_dir: Path, points: Iterable[dict[str, Any]]) -> None:
 
 def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
     record_points(sweep_dir, [point])
+
+
+def record_resubmission(sweep_dir: Path, run_dir: Path, job_id: str) -> None:
+    """A point resubmitted by `swiftslurm resume SWEEP_DIR`: its line again, with the job that now carries it,
+    so the sweep's record never names a job the point has left. A sweep recorded in the legacy sweep.json gets
+    its points copied into sweep.jsonl first (read_points reads only sweep.jsonl once it exists)."""
+    points = read_points(sweep_dir)
+    point = next((p for p in points if Path(p["run_dir"]) == run_dir), None)
+    if point is None:
+        return
+    if not (sweep_dir / SWEEP_FILE).is_file():
+        record_points(sweep_dir, points)
+    record_point(sweep_dir, {**point, "job_id": job_id, "action": "resubmitted"})
 
 
 def read_points(sweep_dir: Path) -> list[dict[str, Any]]:

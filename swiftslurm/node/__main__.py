@@ -12,15 +12,23 @@ from swiftslurm.node.supervise import exit_code, run_node
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m swiftslurm.node RUN_DIR", file=sys.stderr)
+        say("usage: python -m swiftslurm.node RUN_DIR")
         return 2
     signals = SignalLog()
     signals.install()  # for the rest of the process: a late signal must not kill it by default action either
     try:
         return exit_code(run_node(args[0], signals))
     except SwiftSlurmError as err:
-        print(f"swiftslurm: {err}", file=sys.stderr)
+        say(f"swiftslurm: {err}")
         return 2
+
+
+def say(line: str) -> None:
+    """One line on stderr in one write: print() writes the text and its newline separately (stderr to a pipe is
+    write-through), and `srun --unbuffered` forwards each write as it comes, so srun's own "srun: error: ..."
+    could land between them, glued to this line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

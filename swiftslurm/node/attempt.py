@@ -1,7 +1,8 @@
 """One node's attempt as an explicit state machine; each phase is a small function that returns the next.
 
-    PREPARE          allocation check, tiny assets; leader: take the run dir's lease (or stop: another job
-                     leads the run), close a lost attempt; preflight (first attempt)
+    PREPARE          allocation check (a refusal is recorded: conclude.record_refusal), tiny assets; leader:
+                     take the run dir's lease (or stop: another job leads the run), close a lost attempt;
+                     preflight (first attempt)
     AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
     TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
     | SIGNALLED      (every node then writes its result); SIGNALLED when a stop signal came before the
@@ -33,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from swiftslurm import slurm_cli
-from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node import decide, lease, outcome, preflight, preflight_checks, records
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
-from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, stop_after_preflight
+from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, record_refusal, stop_after_preflight
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
@@ -141,7 +142,11 @@ def _record_phase(a: Attempt) -> None:
 
 
 def _prepare(a: Attempt) -> Phase:
-    check_allocation(a.where, a.plan)
+    try:
+        check_allocation(a.where, a.plan)
+    except NodeError as err:  # the job's log may be anywhere (sbatch by hand): the run dir must say why
+        record_refusal(a.run_dir, a.where, a.id, str(err))
+        raise
     if a.plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
         build_tiny_assets(Path(a.plan.tiny_cache))
     if a.leader and (why := _lead(a)) is not None:

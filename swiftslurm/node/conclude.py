@@ -1,6 +1,7 @@
 """The leader's account of an attempt: how it ended (classified from the facts), the run's history with it,
-the decision (decide.py, pure), and the records: attempts.jsonl and status.json. Also the two attempts
-that never train: one that was lost without a record, and one whose preflight failed."""
+the decision (decide.py, pure), and the records: attempts.jsonl and status.json. Also the attempts that
+never train: one that was lost without a record, one whose preflight failed, and one the wrapper refused
+(the allocation or the run dir does not match the plan)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node import decide, records
+from swiftslurm.node import decide, lease, records
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.lease import Lease, job_alive
@@ -24,7 +25,7 @@ from swiftslurm.node.signals import SAVE_SIGNAL
 from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir, node_log, preflight_report, resume_file
+from swiftslurm.rundir import attempt_dir, node_log, plan_file, preflight_report, resume_file
 from swiftslurm.runs import is_cancelled
 
 # Healthy nodes write their result as soon as their trainer exits; those still without one after this wait
@@ -76,13 +77,13 @@ def conclude(
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
         how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
-        reason = decide.Reason.CANCELLED
-        decision = decide.Decision(decide.Action.STOP, reason, f"cancelled ({how}); {explanation}")
+        decision = decide.cancelled(how, reason, explanation, facts.steps_done)
+        reason = decision.reason
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
     record |= {"hang": observed.hang}
     record["phases"] = {name: round(at, 3) for name, at in (phases or {}).items()}
-    records.append_attempt(run_dir, record)
+    records.close_attempt(run_dir, record)
     records.write_status(
         run_dir,
         _state(decision, cancelled),
@@ -180,11 +181,34 @@ def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: 
     hosts = list(where.hosts) or [socket.gethostname()]
     record: dict[str, object] = {"attempt": attempt, "job_id": where.job_id, "hosts": hosts}
     record |= {"start": now, "end": now, "preflight": "failed", "progressed": False, "reason": reason}
-    records.append_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
+    records.close_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
     records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
     publish_failure(resume_file(run_dir, attempt), why, nonce)  # the others stop waiting
     print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)
     return why
+
+
+def record_refusal(
+    run_dir: Path, where: SlurmEnv, attempt: str, why: str, alive: Callable[[str], bool] | None = None
+) -> bool:
+    """Node 0: the wrapper refuses to start this attempt (a wrong node count, a changed plan.json): record it in
+    attempts.jsonl and status.json (`failed`, reason user_error, ``why``), so the run dir says why, whoever
+    submitted the job; the job's log may be anywhere. Not while another job leads the run: a refused job beside
+    one that runs changes nothing. It does not take the lease either (a fixed resubmission may start while this
+    job is still completing). False when nothing was recorded (not node 0, not a run dir, another job leads)."""
+    if where.node_id != 0 or not plan_file(run_dir).is_file():
+        return False
+    if (elsewhere := lease.led_elsewhere(run_dir, where, alive)) is not None:
+        print(f"[swiftslurm] not recorded in {run_dir}: {elsewhere}", flush=True)
+        return False
+    reason, stop = decide.Reason.USER_ERROR.value, decide.Action.STOP.value
+    now = round(time.time(), 3)
+    hosts = list(where.hosts) or [socket.gethostname()]
+    record: dict[str, object] = {"attempt": attempt, "job_id": where.job_id, "hosts": hosts, "start": now, "end": now}
+    record |= {"refused": True, "progressed": False, "reason": reason, "decision": stop, "why": why}
+    records.append_attempt(run_dir, record)
+    records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
+    return True
 
 
 def _facts(

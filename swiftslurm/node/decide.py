@@ -316,6 +316,21 @@ class Decision:
     exclude_hosts: tuple[str, ...] = ()
 
 
+# What a stop signal alone makes of an attempt; under a cancel, that signal is the cancel's own (it sends USR2 so
+# the run saves first), so none of them describes what happened.
+SIGNAL_REASONS = frozenset({Reason.PREEMPTED, Reason.TIMED_OUT, Reason.UNKNOWN_STOP})
+
+
+def cancelled(how: str, reason: Reason, explanation: str, steps_done: int) -> Decision:
+    """A person stopped the run (`how`: "swiftslurm cancel", "TERM/INT"): never requeued. `reason` and
+    `explanation` are what `classify` made of the attempt: kept when they tell something besides the cancel
+    (a failure in the log), dropped when they only describe the cancel's own stop signal."""
+    why = f"cancelled ({how}) {steps_phrase(steps_done)}"
+    if reason not in SIGNAL_REASONS:
+        why = f"{why}; {explanation}"
+    return Decision(Action.STOP, Reason.CANCELLED, why)
+
+
 def exclusions(history: History, budget: Budget, now: float, spare_nodes: int) -> tuple[str, ...]:
     """The hosts the next attempt avoids: those that failed within `budget.exclude_host_s` before `now`, the
     most recent first, at most `spare_nodes` of them (the nodes the partition has beyond what the job needs

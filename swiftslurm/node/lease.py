@@ -106,6 +106,16 @@ def acquire(run_dir: Path, where: SlurmEnv, attempt: str, alive: Callable[[str],
     return Lease(run_dir, me, token)
 
 
+def led_elsewhere(run_dir: Path, where: SlurmEnv, alive: Callable[[str], bool] | None = None) -> str | None:
+    """Why another job leads the run now (None: the lease is free, this job's, or held by a job SLURM no longer
+    holds). Read-only, for a job that records without leading: one that takes the lease on its way out would
+    stop a resubmission that starts while it is still completing."""
+    holder = read(run_dir).get("job")
+    if not holder or holder == job_of(where):
+        return None
+    return _still_leads(holder, alive or _alive)
+
+
 def _still_leads(holder: str, alive: Callable[[str], bool]) -> str | None:
     """Why ``holder`` still leads (None: it no longer does). A job outside SLURM cannot be asked about."""
     if holder.startswith("local-"):

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,8 @@ def _leader(ctx: Context, start: float) -> pc.Report:
     got: dict[int, tuple[pc.NodeReport, socket.socket]] = _gather(listener, set(peers), deadline) if listener else {}
     if listener is not None:
         listener.close()  # the rendezvous below binds the same port
-    # What node 0 sees of a peer's token goes into that peer's rows: the fault is named after the node that
-    # does not share the run dir (node 0's own view of it is the login node's).
+    # What node 0 sees of a peer's token goes into that peer's report: the fault is named after the node that
+    # does not share the run dir (node 0's own view of it is the login node's); the table shows who checked.
     seen = {node: _token_check(ctx, node, ctx.host, ctx.host_of(node), deadline) for node in peers}
     reports = [_peer_report(ctx, node, got, start, seen[node]) for node in peers]
     missing = [ctx.host_of(n) for n in peers if n not in got]
@@ -161,7 +161,9 @@ def _peer_report(
         seen: tuple[pc.Check, ...] = (token,)
     else:
         own = _read_report_file(preflight_rank_report(ctx.dir, node))
-        seen = (token, pc.peer_missing(ctx.master_addr, ctx.port, time.monotonic() - start, own is not None))
+        waited = time.monotonic() - start
+        seen = (token, pc.peer_missing(ctx.host_of(node), ctx.master_addr, ctx.port, waited, own is not None))
+    seen = tuple(replace(check, by=ctx.host) for check in seen)  # node 0 made these: the table says so
     checks = (*own.checks, *seen) if own else seen
     return pc.NodeReport(node, ctx.host_of(node), checks, own.topology if own else "")
 

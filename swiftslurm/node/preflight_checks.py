@@ -30,6 +30,9 @@ class Check:
     detail: str
     hint: str = ""
     consequence: bool = False  # failed only because an earlier check did: never named as the cause
+    # The host that made the check when it is not the row's node: node 0 checks each peer's token and check-in,
+    # and files those checks under the peer (the node at fault when they fail); the table shows who checked.
+    by: str = ""
 
     @property
     def message(self) -> str:
@@ -110,12 +113,12 @@ def port_reachable(addr: str, port: int, error: str | None, waited_s: float) -> 
     )
 
 
-def peer_missing(master: str, port: int, waited_s: float, reported: bool) -> Check:
+def peer_missing(peer: str, master: str, port: int, waited_s: float, reported: bool) -> Check:
     """Node 0's view of a node that never connected; a consequence when that node's own report says why."""
     return Check(
         "master port reachable",
         False,
-        f"did not check in at {master}:{port} within {waited_s:.0f} s.",
+        f"{peer} did not check in at {master}:{port} within {waited_s:.0f} s.",
         ""
         if reported
         else "HINT: look at that node's output in the job log (it may not have started, or cannot "
@@ -146,7 +149,7 @@ def plan_readable(path: str, error: str | None) -> Check:
 def token_visible(reader: str, writer: str, path: str, seen: bool, waited_s: float) -> Check:
     """Whether `reader` sees the token `writer` wrote into the run dir."""
     if seen:
-        return Check("run dir visible", True, f"sees {writer}'s {path}")
+        return Check("run dir visible", True, f"{reader} sees {writer}'s {path}")
     return Check(
         "run dir visible",
         False,
@@ -229,9 +232,10 @@ def assemble(attempt: str, reports: Iterable[NodeReport], extra: dict[str, Any] 
 
 
 def render_table(report: Report) -> str:
-    """A readable table: one line per check, failures with their fix; a verdict line last."""
+    """A readable table: one line per check, under the host that made it, failures with their fix; a verdict
+    line last (it names the node at fault)."""
     rows = [
-        (n.host, c.name, "ok" if c.ok else "FAILED", c.detail if c.ok else c.message)
+        (c.by or n.host, c.name, "ok" if c.ok else "FAILED", c.detail if c.ok else c.message)
         for n in report.nodes
         for c in n.checks
     ]

@@ -33,6 +33,14 @@ def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
         out.write(json.dumps(record, sort_keys=True) + "\n")
 
 
+def close_attempt(run_dir: Path, record: dict[str, Any]) -> None:
+    """Record a concluded attempt, then drop its open mark: a finished run dir holds no attempt_open.json. In
+    that order, so a crash between them leaves a mark of a recorded attempt, which open_attempt ignores."""
+    append_attempt(run_dir, record)
+    if (read_open_attempt(run_dir) or {}).get("attempt") == record.get("attempt"):
+        (run_dir / OPEN_ATTEMPT).unlink(missing_ok=True)
+
+
 def write_status(run_dir: Path, state: str, **facts: Any) -> None:
     """state: running | requeued | finished | failed | cancelled."""
     write_json_atomic(run_dir / STATUS, {"state": state, "updated": round(time.time(), 3), **facts})

@@ -21,6 +21,7 @@ from pathlib import Path
 from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt, decide
 from swiftslurm.node.attempt import NodeResult, attempt_id
+from swiftslurm.node.conclude import record_refusal
 from swiftslurm.node.signals import SignalLog
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import JobPlan
@@ -54,9 +55,14 @@ def run_node(run_dir_arg: str, signals: SignalLog | None = None) -> NodeResult:
         with SignalLog().installed() as installed:
             return run_node(run_dir_arg, installed)
     run_dir = Path(run_dir_arg).resolve()
-    plan = load_plan(run_dir)
+    where = SlurmEnv.from_environ(os.environ)
+    try:
+        plan = load_plan(run_dir)
+    except NodeError as err:  # a changed plan.json: the run dir says why, not only the job's log
+        record_refusal(run_dir, where, attempt_id(where), str(err))
+        raise
     _log_to_stdout()
-    return attempt.run(run_dir, plan, SlurmEnv.from_environ(os.environ), signals)
+    return attempt.run(run_dir, plan, where, signals)
 
 
 def submitit_entry(run_dir: str) -> NodeResult:

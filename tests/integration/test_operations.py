@@ -123,3 +123,46 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     subprocess.run(["scancel", new_job.group(1)], check=True)
     wait_until(lambda: len(attempts(run_dir)) == 2, 120, "the resumed attempt's record")
     assert attempts(run_dir)[-1]["resume_step"] == record["committed_step"]
+
+
+def test_cancel_of_a_sweep_stops_its_points_together_and_resume_records_the_new_jobs(
+    tmp_path: Path, slurm_cluster: None
+):
+    """Issue 17, items 9 and 10: `cancel SWEEP_DIR` saved the points one after another (one stopped at step 48
+    while another trained on to 168), each why read "...; preempted after N training steps", and after
+    `resume SWEEP_DIR` sweep.jsonl still named the old jobs."""
+    args = ("-m", "+cluster=local-slurm", "cluster.nodes=1", "seed=1,2", "swift.max_steps=400", "swift.save_steps=50")
+    done = cli(*args, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    jobs = re.findall(r"submitted job (\d+)", done.stdout)
+    assert len(jobs) == 2, done.stdout
+    [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
+    runs = [Path(p["run_dir"]) for p in read_points(sweep_dir)]
+    for run in runs:
+        wait_until(lambda r=run: current_step(r) >= 5, 600, f"{run.name} to train")
+
+    cancelled = cli("cancel", str(sweep_dir), cwd=tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.count("cancelled job") == 2, cancelled.stdout
+    assert all(wait_for_job(job) in ("CANCELLED", "FAILED") for job in jobs)
+    ended = [attempts(run)[-1] for run in runs]
+    assert all(r["reason"] == "cancelled" and "preempted" not in r["why"] for r in ended), ended
+    # Together: every point had its save signal before any point had recorded its attempt.
+    signalled = [t for r in ended for name, t in r["signals"] if name == "SIGUSR2"]
+    assert len(signalled) == 2 and max(signalled) < min(r["end"] for r in ended), ended
+
+    resumed = cli("resume", str(sweep_dir), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    new_jobs = re.findall(r"resubmitted as job (\d+)", resumed.stdout)
+    try:
+        assert len(new_jobs) == 2, resumed.stdout
+        points = read_points(sweep_dir)
+        assert [(p["job_id"], p["action"]) for p in points] == [(job, "resubmitted") for job in new_jobs]
+        assert report_jobs(sweep_dir) == new_jobs
+    finally:
+        subprocess.run(["scancel", *new_jobs], check=False)
+
+
+def report_jobs(sweep_dir: Path) -> list[str]:
+    """The job ids `status SWEEP_DIR --json` shows for the sweep's points."""
+    return [r["job_id"] for r in status_json(sweep_dir)["runs"]]

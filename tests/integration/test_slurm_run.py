@@ -94,6 +94,37 @@ def test_sbatch_template_runs_a_prepared_run_dir(tmp_path: Path, slurm_cluster: 
     assert_trained_data_parallel(run_dir)
 
 
+def test_sbatch_template_with_a_wrong_node_count_says_why_in_the_run_dir(tmp_path: Path, slurm_cluster: None) -> None:
+    """Issue 17, item 5: `sbatch --nodes=1 sbatch/swiftslurm.sbatch RUN_DIR` of a 2-node plan, from another
+    directory. The wrapper refuses; the run dir says why: status.json (`failed`, the fix) and the job's output
+    in RUN_DIR/logs/, the refusal a line of its own (it was glued to srun's `srun: error: ...`). The submit
+    directory gets only the pointer to that log."""
+    run_dir = tmp_path / "run"
+    prepared = swiftslurm("+cluster=local-slurm", "dry_run=true", f"run_dir={run_dir}", cwd=tmp_path)
+    assert prepared.returncode == 0, prepared.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    template = str(REPO / "sbatch" / "swiftslurm.sbatch")
+    argv = ["sbatch", "--parsable", "--nodes=1", "--partition=debug", f"--chdir={elsewhere}", template, str(run_dir)]
+    env = os.environ | {"SWIFTSLURM_PYTHON": sys.executable}
+    job = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip().split(";")[0]
+    assert wait_for_job(job_id) == "FAILED"
+
+    recorded = status(run_dir)
+    assert recorded["state"] == "failed" and recorded["job_id"] == job_id, recorded
+    assert "made for 2" in recorded["why"] and "HINT: submit with --nodes=2" in recorded["why"], recorded
+    shown = swiftslurm("status", str(run_dir), "--json", cwd=tmp_path)
+    [row] = json.loads(shown.stdout)["runs"]
+    assert row["state"] == "failed" and "--nodes=2" in row["why"], shown.stdout
+    lines = (run_dir / "logs" / f"slurm-{job_id}.out").read_text().splitlines()
+    refusal = [line for line in lines if "made for 2" in line]
+    assert refusal and all(line.endswith("cluster.nodes=1.") for line in refusal), lines
+    pointer = (elsewhere / f"swiftslurm-{job_id}.out").read_text()
+    assert pointer == f"swiftslurm.sbatch: the output of this job goes to {run_dir}/logs/slurm-{job_id}.out\n"
+
+
 GATE_PLUGIN = Path(__file__).resolve().parent / "gate_plugin.py"
 GATE_FILE = "gate.open"  # gate_plugin.GATE_FILE (importing it would import ms-swift here)
 

@@ -16,15 +16,15 @@ import pytest
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SubmitError
 from swiftslurm.node import conclude as conclude_mod
-from swiftslurm.node import records
+from swiftslurm.node import decide, records
 from swiftslurm.node import requeue as requeue_mod
 from swiftslurm.node.ckpt.checkpoint import ResumePoint
-from swiftslurm.node.decide import Action, Decision
+from swiftslurm.node.decide import Action, Decision, Reason
 from swiftslurm.node.progress import ProgressWatch
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, attempt_dir, node_log
+from swiftslurm.rundir import ATTEMPTS, CANCELLED, attempt_dir, node_log
 from tests.conftest import plan_for
 
 HOSTS = ("node1", "node2")
@@ -274,3 +274,47 @@ def test_a_hung_attempt_restarts_in_place_saying_its_window_and_where_the_stacks
     assert record["hang"] == hang
     assert "no new step for 12 s after step 26 (window 10 s: 5 × p95 of 20 step gaps)" in decision.why
     assert "stacks in /runs/x/logs/77.0/stacks, none from ranks [3] (not started yet, or not answering)" in decision.why
+
+
+# --- issue 17, item 10: a cancel is not a preemption ------------------------------------------------------------
+
+
+def test_a_swiftslurm_cancel_is_not_described_as_a_preemption(tmp_path: Path, slurm: FakeSlurm) -> None:
+    """`swiftslurm cancel` sends USR2 (save first) long before the time limit: the attempt read "cancelled
+    (swiftslurm cancel); preempted after 225 training steps"."""
+    (tmp_path / "run").mkdir(parents=True)
+    (tmp_path / "run" / CANCELLED).write_text("{}")
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert (decision.reason.value, decision.action) == ("cancelled", Action.STOP)
+    assert decision.why == "cancelled (swiftslurm cancel) before any training step"
+    assert recorded(tmp_path)["why"] == decision.why
+
+
+@pytest.mark.parametrize(
+    ("reason", "explanation", "why"),
+    [
+        (
+            Reason.PREEMPTED,
+            "preempted after 225 training steps",
+            "cancelled (swiftslurm cancel) after 225 training steps",
+        ),
+        (
+            Reason.TIMED_OUT,
+            "timed out after 225 training steps",
+            "cancelled (swiftslurm cancel) after 225 training steps",
+        ),
+        (
+            Reason.UNKNOWN_STOP,
+            "unknown stop after 225 training steps (...)",
+            "cancelled (swiftslurm cancel) after 225 training steps",
+        ),
+        (
+            Reason.INFRA,
+            "NCCL error (after 225 training steps)",
+            "cancelled (swiftslurm cancel) after 225 training steps; NCCL error (after 225 training steps)",
+        ),
+    ],
+)
+def test_a_cancel_keeps_only_what_its_own_signal_did_not_cause(reason: Reason, explanation: str, why: str) -> None:
+    decision = decide.cancelled("swiftslurm cancel", reason, explanation, 225)
+    assert (decision.action, decision.reason, decision.why) == (Action.STOP, Reason.CANCELLED, why)

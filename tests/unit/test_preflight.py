@@ -88,8 +88,8 @@ def test_token_not_visible_says_the_run_dir_is_not_shared() -> None:
 
 
 def test_missing_peer_is_a_consequence_only_when_its_own_report_says_why() -> None:
-    assert pc.peer_missing("node1", 5, 20, reported=True).consequence
-    alone = pc.peer_missing("node1", 5, 20, reported=False)
+    assert pc.peer_missing("node2", "node1", 5, 20, reported=True).consequence
+    alone = pc.peer_missing("node2", "node1", 5, 20, reported=False)
     assert not alone.consequence and "job log" in alone.hint
 
 
@@ -186,3 +186,34 @@ def test_probe_result_is_found_among_nccl_log_lines_printed_after_it() -> None:
     # A log line written into the middle of ours still leaves the result readable from the mark on.
     assert preflight.probe_result("NCCL INFO x " + mark + '{"error": "boom"}') == {"error": "boom"}
     assert preflight.probe_result("NCCL INFO only\n{}") is None
+
+
+def leaders_view_of_node2(tmp_path: Path, checked_in: bool) -> pc.Report:
+    """Node 0 (node1) assembling node 1's (node2's) rows: node2's own checks, if it checked in, and what node1
+    saw of node2's token and check-in."""
+    where = SlurmEnv(job_id="5", hosts=("node1", "node2"), node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
+    ctx = preflight.Context(tmp_path, None, None, where, "5", 10000, 1.0, "node1")
+    own = pc.NodeReport(1, "node2", (pc.token_visible("node2", "node1", str(ctx.token(0)), True, 0.1),))
+    conn = socket.socket()
+    conn.close()  # node 0 is done talking to node2: only its report matters here
+    got = {1: (own, conn)} if checked_in else {}
+    token = pc.token_visible("node1", "node2", str(ctx.token(1)), checked_in, 0.1)
+    peer = preflight._peer_report(ctx, 1, got, 0.0, token)
+    return pc.assemble("5", [peer])
+
+
+def test_a_row_names_the_host_that_made_the_check(tmp_path: Path) -> None:
+    """Issue 17, item 10: node1's look at node2's token was shown as node2's row ("node2 ... sees node2's
+    rank1.token"); it is node1's check, filed under node2 only so that a failure names node2."""
+    rows = pc.render_table(leaders_view_of_node2(tmp_path, checked_in=True)).splitlines()[1:-1]
+    assert [row.split()[0] for row in rows] == ["node2", "node1"]
+    assert "node2 sees node1's" in rows[0] and "node1 sees node2's" in rows[1]
+
+
+def test_a_peer_that_never_checked_in_is_named_in_node_0s_rows_and_blamed(tmp_path: Path) -> None:
+    report = leaders_view_of_node2(tmp_path, checked_in=False)
+    rows = pc.render_table(report).splitlines()[1:-1]
+    assert [row.split()[0] for row in rows] == ["node1", "node1"]
+    assert "node2 did not check in at node1:" in rows[1]
+    first = report.first_failure()
+    assert first is not None and first.startswith("node2: node1 cannot see ")

@@ -12,6 +12,7 @@ import pytest
 
 from swiftslurm.errors import ConfigError
 from swiftslurm.render import display_command, render_sbatch, swift_command
+from swiftslurm.rundir import logs_dir, plan_file, slurm_log
 from swiftslurm.submit import executor_parameters
 from tests.conftest import REPO, plan_for
 
@@ -138,3 +139,24 @@ def test_your_callbacks_are_kept_and_graceful_exit_is_replaced_by_swiftslurm_sto
     callbacks = argv[argv.index("--callbacks") + 1 : argv.index("--callbacks") + 4]
     assert callbacks == ["mine", "swiftslurm_stop", "swiftslurm_commit"]
     assert "graceful_exit" not in argv
+
+
+def test_sbatch_template_writes_into_the_run_dirs_log_not_the_submit_dir(tmp_path: Path) -> None:
+    """Issue 17, item 5: `sbatch sbatch/swiftslurm.sbatch RUN_DIR` from anywhere: what the job prints (srun's and
+    the wrapper's lines) goes to RUN_DIR/logs/slurm-<job id>.out, the file rundir.py names and `status`/`logs`
+    read; the submit directory's output file gets only the pointer to it. srun is a stand-in printing its argv."""
+    run_dir = tmp_path / "a'; echo run"
+    run_dir.mkdir()
+    plan_file(run_dir).write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun ran $*"; echo "srun complains" >&2\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    script = REPO / "sbatch" / "swiftslurm.sbatch"
+    done = subprocess.run(["bash", str(script), str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    log = slurm_log(logs_dir(run_dir), "77")
+    assert done.stdout == f"swiftslurm.sbatch: the output of this job goes to {log}\n" and done.stderr == ""
+    srun = f"srun ran --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered python3 -m swiftslurm.node {run_dir}"
+    assert log.read_text() == f"{srun}\nsrun complains\n"
