@@ -223,7 +223,7 @@ def check_distinct_run_dirs(planned: list[Planned]) -> None:
             raise ConfigError(
                 f"sweep points #{other.point.num} ({' '.join(other.point.varies)}) and #{item.point.num} "
                 f"({' '.join(item.point.varies)}) would share the run dir {item.plan.run_dir}. HINT: leave "
-                "run_name and run_dir unset in a sweep (each point is named after what varies), or sweep them too."
+                "run_dir unset in a sweep (each point's is named after what varies; run_name=NAME prefixes the names)."
             )
 
 

@@ -105,12 +105,19 @@ def test_points_told_apart_only_by_keys_names_leave_out_still_get_their_own_run_
     assert run_names(tmp_path / "runs") == ["tiny-sft-ddp-a100x16-seed=4,0", "tiny-sft-ddp-a100x16-seed=4,1"]
 
 
-def test_points_that_would_share_a_run_dir_refuse_the_sweep_and_write_nothing(tmp_path: Path) -> None:
+def test_a_run_name_in_a_sweep_names_the_points_runs_each_with_what_varies(tmp_path: Path) -> None:
     done = swiftslurm("-m", "+cluster=a100x16", "run_name=mine", "seed=1,2", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert run_names(tmp_path) == ["mine-seed=1", "mine-seed=2"]  # was: both points in runs/mine, one run
+
+
+def test_points_that_would_share_a_run_dir_refuse_the_sweep_and_write_nothing(tmp_path: Path) -> None:
+    args = ("-m", "+cluster=a100x16", f"run_dir={tmp_path / 'mine'}", "seed=1,2", "dry_run=true")
+    done = swiftslurm(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "sweep points #0 (seed=1) and #1 (seed=2) would share the run dir" in done.stderr
-    assert "HINT: leave run_name and run_dir unset" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "runs").exists()
+    assert "HINT: leave run_dir unset in a sweep" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mine").exists()
 
 
 def test_a_refused_later_point_refuses_the_whole_sweep_and_writes_nothing(tmp_path: Path) -> None:
