@@ -199,7 +199,9 @@ class Config:
     strategy: StrategyConfig = MISSING
     task: TaskConfig = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    run_name: str | None = doc(None, "Run name; null = `{model}-{task}-{strategy}-{cluster}`.")
+    run_name: str | None = doc(
+        None, "Run name; null = `{model}-{task}-{strategy}-{cluster}`. In a sweep (`-m`), `-<what varies>` is added."
+    )
     run_dir: str | None = doc(None, "Where the run lives; null = `./runs/{run_name}`. Same dir = same run.")
     dataset: list[str] = doc(
         ["tiny"], "ms-swift `--dataset` values (hub ids, `id#N`, absolute paths); `tiny` = the built-in one."

@@ -1,10 +1,21 @@
-"""`python -m swiftslurm.docgen > docs/configuration.md`: the configuration reference, from the schemas."""
+"""`python -m swiftslurm.docgen > docs/configuration.md`: the configuration reference, from the schemas.
+
+`python -m swiftslurm.docgen --blocks` rewrites, in README.md and docs/*.md, every block between
+`<!-- docgen:NAME -->` and `<!-- /docgen -->` with BLOCKS[NAME]() (the config-group table of
+getting-started.md: its options are conf/'s files, never a list typed by hand); tests/unit/test_docs.py fails
+while one is stale.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 from swiftslurm import config
 
@@ -18,7 +29,8 @@ SECTIONS = [
     ("`resilience`", "resilience.", config.ResilienceConfig),
     ("`storage/`", "storage.", config.StorageConfig),
 ]
-CONF = Path(__file__).resolve().parents[1] / "conf"
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
 
 
 def _default(f: dataclasses.Field[object]) -> str:
@@ -100,5 +112,67 @@ def render() -> str:
     return "\n".join([*head, *body, *tail]) + "\n"
 
 
+# ------------------------------------------------------------------------------ blocks inside hand-written docs
+
+# The groups a user chooses from, in the order a newcomer meets them: (group, how it is chosen).
+GROUPS = [
+    ("model", "model=NAME"),
+    ("strategy", "strategy=NAME"),
+    ("task", "task=NAME"),
+    ("cluster", "+cluster=NAME"),
+    ("storage", "storage=NAME"),
+]
+
+
+def defaults() -> dict[str, str]:
+    """conf/config.yaml's default option of each group (`model: tiny`)."""
+    entries = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
+    return {k: v for entry in entries if isinstance(entry, dict) for k, v in entry.items() if "/" not in k}
+
+
+def option_summary(path: Path) -> str:
+    """An option's first sentence, from the comment at the top of its YAML file; a model's hub id besides."""
+    comment = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("# ").strip())
+        if comment[-1].endswith((".", ":")):  # a sentence, or what introduces a command, ends here
+            break
+    sentence = re.split(r"(?<=\.)\s", " ".join(comment), maxsplit=1)[0].rstrip(":")
+    model_id = yaml.safe_load(path.read_text()).get("id") if path.parent.name == "model" else None
+    parts = [f"`{model_id}`" if model_id and model_id != "???" else "", sentence.replace("|", "\\|")]
+    return ": ".join(p for p in parts if p)
+
+
+def groups_table() -> str:
+    chosen = defaults()
+    lines = ["| choose with | what it is |", "|---|---|"]
+    for group, how in GROUPS:
+        for path in sorted((CONF / group).glob("*.yaml")):
+            default = " (default)" if chosen.get(group) == path.stem else ""
+            lines.append(f"| `{how.replace('NAME', path.stem)}`{default} | {option_summary(path)} |")
+    recipes = ", ".join(f"`{p.stem}`" for p in sorted((CONF / "recipe").glob("*.yaml")))
+    lines.append(f"| `+recipe=NAME` | a whole scenario ([recipes.md](recipes.md)): {recipes} |")
+    return "\n".join(lines)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"config-groups": groups_table}
+BLOCK = re.compile(r"(<!-- docgen:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /docgen -->)", re.S)
+
+
+def with_blocks(text: str) -> str:
+    """The doc with every generated block made current."""
+    return BLOCK.sub(lambda m: m.group(1) + BLOCKS[m.group("name")]() + "\n" + m.group(4), text)
+
+
+def docs() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:] == ["--blocks"]:
+        for doc in docs():
+            doc.write_text(with_blocks(doc.read_text()))
+    else:
+        print(render(), end="")

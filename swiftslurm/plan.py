@@ -262,8 +262,8 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     validate.check_parallelism(cfg, topology.world_size, parallel)
     batch = _batch(cfg, topology.world_size // parallel.model_parallel)
     run_name = cfg.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.strategy.name}-{cfg.cluster.name}"
-    if ctx.sweep_point and not cfg.run_name:
-        run_name += f"-{ctx.sweep_point}"  # each sweep point is its own run, with its own run dir
+    if ctx.sweep_point:  # each sweep point is its own run, with its own run dir; run_name= names the sweep
+        run_name += f"-{ctx.sweep_point}"
     validate.check_run_name(run_name)
     run_dir = _run_dir(cfg, run_name, ctx)
     python = cfg.cluster.python or ctx.python

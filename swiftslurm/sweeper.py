@@ -33,7 +33,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from swiftslurm import submit
-from swiftslurm.errors import SubmitError, SwiftSlurmError
+from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, to_config, wait_for
 from swiftslurm.plan import JobPlan, PlanContext, make_plan, save_budget_warning
 from swiftslurm.rundir import SUBMITIT
@@ -52,7 +52,7 @@ class Point:
     num: int  # Hydra's job number (hydra.job.num)
     overrides: list[str]  # the point's task overrides, as Hydra records them (hydra.overrides.task)
     varies: list[str]  # those that differ between the sweep's points: name the point in messages
-    name: str  # what varies, path-safe: names the point's run (hydra.job.override_dirname)
+    name: str  # what varies, path-safe, unique in the sweep: names the point's run (point_names)
     base: tuple[str, ...]  # its choice of config groups: which composition it starts from
     values: list[Override]  # its other overrides, applied to a copy of that composition
 
@@ -122,14 +122,16 @@ def compose_points(context: HydraContext, master: DictConfig, points: list[list[
     is_value = value_override_test(loader, master)
     sweep = Sweep(bases={}, points=[], cwd=Path.cwd())
     everywhere = set.intersection(*({str(o.input_line) for o in point} for point in points)) if points else set()
+    varying = [[o for o in point if str(o.input_line) not in everywhere] or point for point in points]
+    names = point_names(master, varying)
     for num, overrides in enumerate(points):
         values = [o for o in overrides if is_value(o)]  # what Hydra applies after composing the defaults
         base = tuple(str(o.input_line) for o in overrides if not is_value(o))
         if base not in sweep.bases:
             sweep.bases[base] = pickle.dumps(task_config(loader.load_sweep_config(master, list(base))))
         lines = [str(o.input_line) for o in overrides]
-        varies = [line for line in lines if line not in everywhere] or lines
-        sweep.points.append(Point(num, lines, varies, point_name(master, overrides, num), base, values))
+        varies = [str(o.input_line) for o in varying[num]]
+        sweep.points.append(Point(num, lines, varies, names[num], base, values))
     return sweep
 
 
@@ -166,15 +168,27 @@ def task_config(composed: DictConfig) -> DictConfig:
     return composed
 
 
-def point_name(master: DictConfig, overrides: list[Any], num: int) -> str:
-    """The point's overrides as a path-safe name (`learning_rate=1e-4,strategy=zero2`): Hydra's override_dirname
-    without the `swift.` and `+` prefixes; the job number when nothing varies."""
+def point_names(master: DictConfig, varying: list[list[Override]]) -> list[str]:
+    """Each point's run-name suffix, from what varies: Hydra's override_dirname of those overrides
+    (`learning_rate=1e-4,strategy=zero2`). No two points may share one (they would share a run dir): where only
+    keys that override_dirname excludes tell points apart (`+recipe=a,b`), those keys name them too; where even
+    that is not enough (a value swept twice, `seed=1,1`), the job number is added."""
+    conf = master.hydra.job.config.override_dirname
+    names = [point_name(overrides, list(conf.exclude_keys), conf) for overrides in varying]
+    if len(set(names)) == len(names):
+        return [name or str(num) for num, name in enumerate(names)]
+    fuller = [point_name(overrides, [], conf) for overrides in varying]
+    if len(set(fuller)) == len(fuller):
+        return fuller
+    return [f"{name},{num}" if name else str(num) for num, name in enumerate(names)]
+
+
+def point_name(overrides: list[Override], exclude_keys: list[str], conf: DictConfig) -> str:
+    """The overrides as a path-safe name: Hydra's override_dirname without the `swift.` and `+` prefixes."""
     from hydra._internal.config_loader_impl import get_overrides_dirname
 
-    conf = master.hydra.job.config.override_dirname
-    dirname = get_overrides_dirname(overrides, list(conf.exclude_keys), conf.item_sep, conf.kv_sep)
-    name = re.sub(r"[^A-Za-z0-9._=,-]+", "_", dirname.replace("swift.", "").replace("+", ""))
-    return name or str(num)
+    dirname = get_overrides_dirname(overrides, exclude_keys, conf.item_sep, conf.kv_sep)
+    return re.sub(r"[^A-Za-z0-9._=,-]+", "_", dirname.replace("swift.", "").replace("+", ""))
 
 
 # ------------------------------------------------------------------------------ plan
@@ -200,6 +214,19 @@ def plan_points(points: list[Point]) -> list[Planned]:
     return [plan_point(sweep, point) for point in points]
 
 
+def check_distinct_run_dirs(planned: list[Planned]) -> None:
+    """Two points in one run dir would resume each other's checkpoints: refuse before anything is written."""
+    first: dict[str, Planned] = {}
+    for item in planned:
+        other = first.setdefault(item.plan.run_dir, item)
+        if other is not item:
+            raise ConfigError(
+                f"sweep points #{other.point.num} ({' '.join(other.point.varies)}) and #{item.point.num} "
+                f"({' '.join(item.point.varies)}) would share the run dir {item.plan.run_dir}. HINT: leave "
+                "run_dir unset in a sweep (each point's is named after what varies; run_name=NAME prefixes the names)."
+            )
+
+
 def write_run_dirs(items: list[Planned]) -> list[None]:
     """Write the points' run dirs without an fsync per file (the sweep syncs once, before submitting)."""
     for item in items:
@@ -216,6 +243,7 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
     sweep = compose_points(context, master, expand(overrides))
     with Workers(sweep, len(sweep.points)) as workers:
         planned = workers.map(plan_points, sweep.points)
+        check_distinct_run_dirs(planned)
         for item in planned:
             if item.warning is not None:
                 print(f"swiftslurm: {item.plan.run_name}: {item.warning}", file=sys.stderr, flush=True)

@@ -69,7 +69,7 @@ def test_a_point_gets_the_config_and_plan_a_single_run_with_its_overrides_gets(t
     )
     assert swept.returncode == 0, swept.stderr[-3000:]
     [point] = [p for p in run_names(tmp_path) if "seed=2" in p and "zero2" in p]
-    assert point == "tiny-sft-zero2-a100x16-learning_rate=0.0003,seed=2,strategy=zero2"  # as Hydra names it
+    assert point == "tiny-sft-zero2-a100x16-seed=2,strategy=zero2"  # what varies, as Hydra's override_dirname
     single = tmp_path / "runs" / point  # the same run dir, planned as one run: nothing may differ
     before = {name: (single / name).read_text() for name in ("config.yaml", "plan.json", "job.sbatch")}
     again = swiftslurm(
@@ -86,6 +86,38 @@ def test_a_point_gets_the_config_and_plan_a_single_run_with_its_overrides_gets(t
     config = before["config.yaml"].replace("run_name: null", f"run_name: {point}")
     assert (single / "config.yaml").read_text().replace(f"run_dir: {single}\n", "run_dir: null\n") == config
     assert (single / "job.sbatch").read_text() == before["job.sbatch"]
+
+
+def test_a_point_is_named_after_what_varies_not_after_the_constants(tmp_path: Path) -> None:
+    done = swiftslurm("-m", "+cluster=a100x16", "swift.learning_rate=1e-4,2e-4", "seed=3", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_names(tmp_path) == [f"tiny-sft-ddp-a100x16-learning_rate={lr}" for lr in ("0.0001", "0.0002")]
+
+
+def test_points_told_apart_only_by_keys_names_leave_out_still_get_their_own_run_dirs(tmp_path: Path) -> None:
+    # preflight= is left out of names (conf/config.yaml: override_dirname.exclude_keys), the seed is a constant:
+    # named after what varies without the excluded keys, both points would be `...-seed=3`, one run dir.
+    done = swiftslurm("-m", "+cluster=a100x16", "preflight=true,false", "seed=3", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_names(tmp_path) == ["tiny-sft-ddp-a100x16-preflight=False", "tiny-sft-ddp-a100x16-preflight=True"]
+    again = swiftslurm("-m", "+cluster=a100x16", "seed=4,4", "dry_run=true", cwd=tmp_path / "runs")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert run_names(tmp_path / "runs") == ["tiny-sft-ddp-a100x16-seed=4,0", "tiny-sft-ddp-a100x16-seed=4,1"]
+
+
+def test_a_run_name_in_a_sweep_names_the_points_runs_each_with_what_varies(tmp_path: Path) -> None:
+    done = swiftslurm("-m", "+cluster=a100x16", "run_name=mine", "seed=1,2", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert run_names(tmp_path) == ["mine-seed=1", "mine-seed=2"]  # was: both points in runs/mine, one run
+
+
+def test_points_that_would_share_a_run_dir_refuse_the_sweep_and_write_nothing(tmp_path: Path) -> None:
+    args = ("-m", "+cluster=a100x16", f"run_dir={tmp_path / 'mine'}", "seed=1,2", "dry_run=true")
+    done = swiftslurm(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "sweep points #0 (seed=1) and #1 (seed=2) would share the run dir" in done.stderr
+    assert "HINT: leave run_dir unset in a sweep" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mine").exists()
 
 
 def test_a_refused_later_point_refuses_the_whole_sweep_and_writes_nothing(tmp_path: Path) -> None:
