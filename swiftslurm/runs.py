@@ -26,6 +26,8 @@ from swiftslurm.rundir import CANCELLED, JOB, METRICS, SYNC_STATE, leader_logs, 
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
+# Every state `status` can show (docs/operations.md lists each; tests/unit/test_status_view.py holds them equal).
+STATES = ("planned", "pending", "running", "restarting", "requeued", *FINAL_STATES)
 
 
 def record_submission(run_dir: Path, job_id: str, scheduler: str) -> None:
@@ -186,7 +188,7 @@ class RunFacts:
 
     run_dir: str
     run_name: str
-    state: str  # pending | running | requeued | finished | failed | cancelled | unknown
+    state: str  # one of STATES
     why: str
     job_id: str | None
     slurm_state: str | None
@@ -294,6 +296,9 @@ def decide_state(status: dict[str, Any], slurm_state: str | None, cancelled: boo
     if slurm_state in _SLURM_ENDED:
         # The job is over but the leader never wrote a final state: it was killed (or its node lost).
         return "failed", f"job {slurm_state.lower()} without a final record from the wrapper; {why}".rstrip("; ")
-    if written:
+    if written in STATES:
         return written, why
-    return ("pending" if submitted else "unknown"), why
+    if submitted:
+        return "pending", why
+    # No job.json and no word from a wrapper: written by a dry run (or sbatch by hand, not started yet).
+    return "planned", why or "never submitted by swiftslurm (dry run); submit it with the same command without dry_run"
