@@ -56,7 +56,7 @@ def labels(path: Path, facts: list[RunFacts]) -> list[str]:
     """What names each row: the run name, or, where several runs share it (a folder of runs started with one
     name), the run dir relative to ``path`` (its full path outside it), which is what tells them apart."""
     names = [f.run_name for f in facts]
-    return [name if names.count(name) == 1 else _relative(Path(f.run_dir), path) for name, f in zip(names, facts)]
+    return [f.run_name if names.count(f.run_name) == 1 else _relative(Path(f.run_dir), path) for f in facts]
 
 
 def _relative(run_dir: Path, path: Path) -> str:
@@ -90,8 +90,9 @@ def table(rows: list[list[str]]) -> str:
 
 def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = None) -> str:
     names = labels(path, facts) if path is not None else [f.run_name for f in facts]
-    lines = [table([list(COLUMNS), *(row(f, n) for f, n in zip(facts, names))])] if facts else ["(no runs found)"]
-    for f, name in zip(facts, names):
+    rows = [row(f, name) for f, name in zip(facts, names, strict=True)]
+    lines = [table([list(COLUMNS), *rows])] if facts else ["(no runs found)"]
+    for f, name in zip(facts, names, strict=True):
         if f.state not in ("finished", "running") and f.why:
             lines.append(f"  {name}: {f.why}")
     if slurm is not None and not slurm.available:
