@@ -224,7 +224,7 @@ def gather(
         slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
     committed, _ = newest_committed(output_dir(run_dir))
-    global_batch = _global_batch(plan)
+    batch = global_batch(plan)
     spent = run_ledger(run_dir, plan, jobs, running=state == "running")
     return RunFacts(
         run_dir=str(run_dir),
@@ -238,7 +238,7 @@ def gather(
         committed_step=checkpoint_step(committed) if committed else None,
         max_steps=metrics.max_steps,
         loss=metrics.loss,
-        samples_per_s=global_batch / metrics.seconds_per_step if metrics.seconds_per_step and global_batch else None,
+        samples_per_s=batch / metrics.seconds_per_step if metrics.seconds_per_step and batch else None,
         goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
@@ -257,7 +257,8 @@ def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
     return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
 
 
-def _global_batch(plan: dict[str, Any]) -> int | None:
+def global_batch(plan: dict[str, Any]) -> int | None:
+    """Samples per optimizer step (plan.json's batch): samples/s = this ÷ seconds per step, in `status` and plots."""
     batch = plan.get("batch") or {}
     try:
         return int(batch["micro"]) * int(batch["grad_accum"]) * int(batch["data_parallel"])

@@ -184,3 +184,13 @@ def test_node_0_puts_the_preflight_verdict_into_the_log_logs_shows(
     capsys.readouterr()
     assert ops.main(["logs", str(run_dir)]) == 0
     assert capsys.readouterr().out == "[5/node0] [swiftslurm] preflight passed on 2 node(s)\n"
+
+
+def test_a_sweep_does_not_print_hydras_launching_jobs_locally(tmp_path: Path) -> None:
+    """swiftslurm's sweeper plans and submits the points itself: Hydra's BasicLauncher (which logged
+    "Launching N jobs locally" for SLURM jobs) is never called."""
+    argv = [sys.executable, "-m", "swiftslurm", "-m", "+cluster=local-slurm", "seed=1,2", "dry_run=true"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWIFTSLURM_RUNS": str(tmp_path / "runs")}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Nothing submitted (dry_run=true)") == 2 and "Launching" not in done.stdout + done.stderr
