@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from swiftslurm.node.records import read_attempts, read_status
-from swiftslurm.rundir import NODE_LOG, attempt_dir, logs_dir, node_logs
+from swiftslurm.rundir import NODE_LOG, logs_dir, node_logs
 from swiftslurm.runs import FINAL_STATES, RunFacts, SlurmView
 
 FOLLOW_POLL_S = 1.0
@@ -79,13 +79,20 @@ class LogReader:
 
 
 def current_attempt(run_dir: Path) -> Path | None:
-    """The attempt the leader says runs now (status.json), once it has node logs; else the newest one that
-    has them (a run submitted before status.json named its attempt, or a leader that has not written yet)."""
-    named = (read_status(run_dir) or {}).get("attempt")
-    if named and node_logs(here := attempt_dir(run_dir, str(named))):
-        return here
-    attempts = [d for d in logs_dir(run_dir).glob("*") if d.is_dir() and node_logs(d)]
-    return max(attempts, key=lambda d: d.stat().st_mtime, default=None)
+    """The attempt whose logs are the run's current ones: one that has node logs and no record in
+    attempts.jsonl yet (still going; the one status.json names if several are, as after a node died without a
+    record), else the last one recorded. Decided from the records, not from which folder changed last."""
+    with_logs = {d.name: d for d in logs_dir(run_dir).glob("*") if d.is_dir() and node_logs(d)}
+    ended = [str(r.get("attempt")) for r in read_attempts(run_dir)]
+    going = [d for name, d in with_logs.items() if name not in ended]
+    named = str((read_status(run_dir) or {}).get("attempt"))
+    if going:
+        return with_logs[named] if named in with_logs and with_logs[named] in going else _newest(going)
+    return next((with_logs[name] for name in reversed(ended) if name in with_logs), None)
+
+
+def _newest(attempts: list[Path]) -> Path:
+    return max(attempts, key=lambda d: d.stat().st_mtime)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm import ops, status
-from swiftslurm.follow import Folder, show_logs, watch_points
+from swiftslurm.follow import Folder, current_attempt, show_logs, watch_points
 from swiftslurm.node import attempt, preflight, records
 from swiftslurm.node import preflight_checks as pc
 from swiftslurm.node.slurm_env import SlurmEnv
@@ -194,3 +194,15 @@ def test_a_sweep_does_not_print_hydras_launching_jobs_locally(tmp_path: Path) ->
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Nothing submitted (dry_run=true)") == 2 and "Launching" not in done.stdout + done.stderr
+
+
+def test_the_current_attempt_comes_from_the_records_after_a_restart_in_place(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    log(run_dir, "7", "first")
+    records.append_attempt(run_dir, {"attempt": "7", "reason": "crashed", "decision": "restart"})
+    records.write_status(run_dir, "restarting", attempt="7")  # status.json still names the attempt that ended
+    log(run_dir, "7.i1", "again")
+    assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
+    records.append_attempt(run_dir, {"attempt": "7.i1", "reason": "finished", "decision": "done"})
+    os.utime(node_log(attempt_dir(run_dir, "7"), 0))  # touched later: the records still decide
+    assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
