@@ -1,4 +1,4 @@
-"""Feedback while a command reads a run or waits for it: `swiftslurm logs` (the newest attempt's node logs,
+"""Feedback while a command reads a run or waits for it: `swiftslurm logs` (the current attempt's node logs,
 ms-swift's multi-line dumps folded to one line, `-f` naming each attempt as it starts and the run's end state)
 and `wait=true` sweeps (a line whenever a point changes state, instead of silence until the final table).
 
