@@ -25,7 +25,9 @@ FOLLOW_POLL_S = 1.0
 # lines of every argument's default, `model_info: ModelInfo(... {` another ~40. They bury the progress lines.
 _DUMP_START = re.compile(r"^\[[A-Z]+:swift\] .*[(\[{]$")
 FOLD_MIN_LINES = 6  # a shorter block is printed as it is
-NEVER_LOGS = ("planned", *FINAL_STATES)  # states in which a run without node logs will never have any
+# States that waiting does not change (only a person submitting or resuming does): a run in one of them that
+# has no node logs will never have any, and a sweep waited for whose points are all in them is over.
+SETTLED = ("planned", *FINAL_STATES)
 
 
 class Folder:
@@ -160,7 +162,7 @@ def show_logs(
         facts = facts_of(run_dir)  # asked before reading: every line written before a final state is read
         ended = facts.state in FINAL_STATES
         view.step(final=ended, announce=True)
-        if view.shown is None and facts.state in NEVER_LOGS:
+        if view.shown is None and facts.state in SETTLED:
             return nothing_yet(run_dir, facts, follow)
         if ended:
             view.say(f"run {facts.state}" + (f": {facts.why}" if facts.why else ""))
@@ -174,9 +176,9 @@ def show_logs(
 def nothing_yet(run_dir: Path, facts: RunFacts, follow: bool) -> int:
     """No node logs: say why on stderr. Exit 1 when none will come, 0 when the job is still to start."""
     why = f": {facts.why}" if facts.why else ""
-    hint = "" if follow or facts.state in NEVER_LOGS else " HINT: `logs -f` waits for it."
+    hint = "" if follow or facts.state in SETTLED else " HINT: `logs -f` waits for it."
     print(f"swiftslurm logs: {run_dir}: no attempt has started yet (state: {facts.state}{why}).{hint}", file=sys.stderr)
-    return 1 if facts.state in NEVER_LOGS else 0
+    return 1 if facts.state in SETTLED else 0
 
 
 def watch_points(
@@ -193,7 +195,7 @@ def watch_points(
             if seen.get(f.run_dir) != f.state:
                 print(change_line(f, seen.get(f.run_dir)), file=out or sys.stdout, flush=True)
                 seen[f.run_dir] = f.state
-        if all(f.state in FINAL_STATES for f in facts):
+        if all(f.state in SETTLED for f in facts):  # a point never submitted would be waited for forever
             return facts, slurm
         pause()
 

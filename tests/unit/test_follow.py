@@ -206,3 +206,14 @@ def test_the_current_attempt_comes_from_the_records_after_a_restart_in_place(tmp
     records.append_attempt(run_dir, {"attempt": "7.i1", "reason": "finished", "decision": "done"})
     os.utime(node_log(attempt_dir(run_dir, "7"), 0))  # touched later: the records still decide
     assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
+
+
+def test_a_waited_sweep_with_a_point_never_submitted_does_not_wait_forever(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "runs" / "p0", "p0")  # planned: no job.json, no word from a wrapper
+    record_point(tmp_path / "sweep", {"num": 0, "run_dir": str(run_dir)})
+
+    def never() -> None:
+        raise AssertionError("waited for a point nothing will change")
+
+    facts, _ = watch_points(tmp_path / "sweep", lambda p: status.collect(p, use_slurm=False), never, io.StringIO())
+    assert [f.state for f in facts] == ["planned"]
