@@ -79,7 +79,9 @@ def main() -> None:
 
         module = importlib.import_module(OPERATIONS[sys.argv[1]])
         args = sys.argv[2:] if module.__name__ != "swiftslurm.ops" else sys.argv[1:]
-        sys.exit(module.main(args))
+        from swiftslurm.pipes import quiet_on_closed_pipe
+
+        sys.exit(quiet_on_closed_pipe(module.main, args))
     sys.exit(compose_and_run(sys.argv[1:]))
 
 

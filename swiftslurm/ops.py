@@ -1,6 +1,7 @@
 """Operating runs: `swiftslurm logs|cancel|resume RUN_OR_SWEEP_DIR` (status: swiftslurm.status).
 
-- logs: the current attempt's node logs (`--follow` keeps printing, across requeues, until the run ends).
+- logs: the current attempt's node logs, ms-swift's argument dump folded to a line (swiftslurm/follow.py);
+  `--follow` keeps printing, announces each new attempt (a requeue) and ends with the run's end state.
 - cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it); a running job is
   asked to save its current step first (USR2) and given time to record it; then `scancel`. A sweep's (or a
   folder's) runs are cancelled together: one signal to all, one wait, one `scancel`.
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from swiftslurm import slurm_cli
 from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.follow import FOLLOW_POLL_S, show_logs
 from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.records import read_attempts
-from swiftslurm.rundir import CANCELLED, NODE_LOG, logs_dir, node_logs, plan_file
+from swiftslurm.rundir import CANCELLED, plan_file
 from swiftslurm.runs import (
     FINAL_STATES,
     RunFacts,
@@ -32,7 +34,6 @@ from swiftslurm.sweep import is_sweep, record_resubmission, run_dirs
 
 ACTIVE_STATES = ("pending", "running", "requeued")
 CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
-FOLLOW_POLL_S = 1.0
 
 
 class OpsError(SwiftSlurmError):
@@ -123,33 +124,6 @@ def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:
     return f"{facts.run_name}: resubmitted as job {job.job_id}; resumes from {where}."
 
 
-def current_attempt_dir(run_dir: Path) -> Path | None:
-    attempts = [d for d in logs_dir(run_dir).glob("*") if d.is_dir() and node_logs(d)]
-    return max(attempts, key=lambda d: d.stat().st_mtime, default=None)
-
-
-def print_logs(run_dir: Path, node: int | None, follow: bool) -> None:
-    """Print the node logs of the newest attempt; with ``follow``, keep printing new lines (and the next
-    attempt's logs after a requeue) until the run reaches a final state."""
-    offsets: dict[Path, int] = {}
-    while True:
-        attempt = current_attempt_dir(run_dir)
-        logs = node_logs(attempt) if attempt else []
-        for log in logs:
-            if node is not None and log.name != NODE_LOG.format(node=node):
-                continue
-            with open(log, errors="replace") as stream:
-                stream.seek(offsets.get(log, 0))
-                text = stream.read()
-                offsets[log] = stream.tell()
-            prefix = f"[{attempt.name if attempt else ''}/{log.stem}] "
-            for line in text.splitlines():
-                print(prefix + line, flush=True)
-        if not follow or facts_of(run_dir).state in FINAL_STATES:
-            return
-        time.sleep(FOLLOW_POLL_S)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swiftslurm", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -157,13 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     logs.add_argument("run_dir", type=Path)
     logs.add_argument("--node", type=int, help="only this node (0 = the leader)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep following until the run ends")
+    logs.add_argument("-v", "--verbose", action="store_true", help="also ms-swift's multi-line dumps (args: ...)")
     for name, text in (("cancel", "stop for good (no requeue)"), ("resume", "resubmit from the newest checkpoint")):
         commands.add_parser(name, help=text).add_argument("path", type=Path, help="run dir or sweep dir")
     args = parser.parse_args(argv)
     try:
         if args.command == "logs":
-            print_logs(args.run_dir, args.node, args.follow)
-            return 0
+            if not plan_file(args.run_dir).is_file():
+                hint = "HINT: `swiftslurm status runs/` lists the runs."
+                raise OpsError(f"{args.run_dir} is not a run dir (no plan.json). {hint}")
+            return show_logs(args.run_dir, facts_of, args.node, args.follow, args.verbose)
         dirs = run_dirs(args.path)
         if not dirs:
             raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.jsonl).")

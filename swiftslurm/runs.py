@@ -26,6 +26,8 @@ from swiftslurm.rundir import CANCELLED, JOB, METRICS, SYNC_STATE, leader_logs, 
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
+# Every state `status` can show (docs/operations.md lists each; tests/unit/test_status_view.py holds them equal).
+STATES = ("planned", "pending", "running", "restarting", "requeued", *FINAL_STATES)
 
 
 def record_submission(run_dir: Path, job_id: str, scheduler: str) -> None:
@@ -186,7 +188,7 @@ class RunFacts:
 
     run_dir: str
     run_name: str
-    state: str  # pending | running | requeued | finished | failed | cancelled | unknown
+    state: str  # one of STATES
     why: str
     job_id: str | None
     slurm_state: str | None
@@ -222,7 +224,7 @@ def gather(
         slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
     committed, _ = newest_committed(output_dir(run_dir))
-    global_batch = _global_batch(plan)
+    batch = global_batch(plan)
     spent = run_ledger(run_dir, plan, jobs, running=state == "running")
     return RunFacts(
         run_dir=str(run_dir),
@@ -236,7 +238,7 @@ def gather(
         committed_step=checkpoint_step(committed) if committed else None,
         max_steps=metrics.max_steps,
         loss=metrics.loss,
-        samples_per_s=global_batch / metrics.seconds_per_step if metrics.seconds_per_step and global_batch else None,
+        samples_per_s=batch / metrics.seconds_per_step if metrics.seconds_per_step and batch else None,
         goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
@@ -255,7 +257,8 @@ def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
     return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
 
 
-def _global_batch(plan: dict[str, Any]) -> int | None:
+def global_batch(plan: dict[str, Any]) -> int | None:
+    """Samples per optimizer step (plan.json's batch): samples/s = this ÷ seconds per step, in `status` and plots."""
     batch = plan.get("batch") or {}
     try:
         return int(batch["micro"]) * int(batch["grad_accum"]) * int(batch["data_parallel"])
@@ -294,6 +297,9 @@ def decide_state(status: dict[str, Any], slurm_state: str | None, cancelled: boo
     if slurm_state in _SLURM_ENDED:
         # The job is over but the leader never wrote a final state: it was killed (or its node lost).
         return "failed", f"job {slurm_state.lower()} without a final record from the wrapper; {why}".rstrip("; ")
-    if written:
+    if written in STATES:
         return written, why
-    return ("pending" if submitted else "unknown"), why
+    if submitted:
+        return "pending", why
+    # No job.json and no word from a wrapper: written by a dry run (or sbatch by hand, not started yet).
+    return "planned", why or "never submitted by swiftslurm (dry run); submit it with the same command without dry_run"

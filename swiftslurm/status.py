@@ -52,11 +52,26 @@ def _storage(facts: RunFacts) -> str:
     return text + (f", {sync['failures']} failed tries" if sync.get("failures") else "")
 
 
-def row(facts: RunFacts) -> list[str]:
+def labels(path: Path, facts: list[RunFacts]) -> list[str]:
+    """What names each row: the run name, or, where several runs share it (a folder of runs started with one
+    name), the run dir relative to ``path`` (its full path outside it), which is what tells them apart."""
+    names = [f.run_name for f in facts]
+    return [f.run_name if names.count(f.run_name) == 1 else _relative(Path(f.run_dir), path) for f in facts]
+
+
+def _relative(run_dir: Path, path: Path) -> str:
+    try:
+        inside = run_dir.resolve().relative_to(path.resolve())
+    except ValueError:  # a sweep's points live outside the sweep dir
+        return str(run_dir)
+    return str(inside) if inside != Path(".") else run_dir.name
+
+
+def row(facts: RunFacts, label: str | None = None) -> list[str]:
     steps = f"{facts.committed_step or 0}/{facts.max_steps}" if facts.max_steps else str(facts.committed_step or "-")
     reasons = ", ".join(facts.attempt_reasons)
     return [
-        facts.run_name,
+        label or facts.run_name,
         facts.state,
         facts.job_id or "-",
         f"{facts.attempts}" + (f" ({reasons})" if reasons else ""),
@@ -73,11 +88,13 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def render(facts: list[RunFacts], slurm: SlurmView | None) -> str:
-    lines = [table([list(COLUMNS), *(row(f) for f in facts)])] if facts else ["(no runs found)"]
-    for f in facts:
+def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = None) -> str:
+    names = labels(path, facts) if path is not None else [f.run_name for f in facts]
+    rows = [row(f, name) for f, name in zip(facts, names, strict=True)]
+    lines = [table([list(COLUMNS), *rows])] if facts else ["(no runs found)"]
+    for f, name in zip(facts, names, strict=True):
         if f.state not in ("finished", "running") and f.why:
-            lines.append(f"  {f.run_name}: {f.why}")
+            lines.append(f"  {name}: {f.why}")
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
     if slurm is not None and slurm.accounting_error:
@@ -155,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for written in plot_path(args.path, facts):
             print(f"wrote {written}", file=sys.stderr)
-    print(json.dumps(as_json(args.path, facts, slurm), indent=1) if args.json else render(facts, slurm))
+    print(json.dumps(as_json(args.path, facts, slurm), indent=1) if args.json else render(facts, slurm, args.path))
     return 0
 
 

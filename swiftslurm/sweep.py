@@ -139,7 +139,8 @@ def report_unsubmitted(err: Exception, not_submitted: list[str], sweep_dir: Path
 
 class SweepCallback:
     """Hydra callback (conf/config.yaml), at the end of a `-m` sweep (every point submitted by the sweeper): with
-    `wait=true`, waits for every point and prints the status table; exit status 1 if any point did not finish."""
+    `wait=true`, waits for every point (a line each time one changes state) and prints the status table; exit
+    status 1 if any point did not finish."""
 
     POLL_S = 5.0
 
@@ -153,14 +154,10 @@ class SweepCallback:
         if not config.get("wait"):
             return
         path = Path(config.hydra.sweep.dir).resolve()
-        from swiftslurm.runs import FINAL_STATES
+        from swiftslurm.follow import watch_points
         from swiftslurm.status import collect, render
 
-        while True:
-            facts, slurm = collect(path)
-            if all(f.state in FINAL_STATES for f in facts):
-                break
-            time.sleep(self.POLL_S)
+        facts, slurm = watch_points(path, collect, lambda: time.sleep(self.POLL_S))
         print(render(facts, slurm), flush=True)
         if any(f.state != "finished" for f in facts):
             sys.exit(1)

@@ -46,7 +46,7 @@ from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
 from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import LEADER_BEAT, attempt_dir, node_result, resume_file
+from swiftslurm.rundir import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 
@@ -178,8 +178,11 @@ def _lead(a: Attempt) -> str | None:
 def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
     """Run the checks on every node; node 0 gets the first failure of the whole allocation (None: passed)."""
     result = preflight.run(preflight.context(run_dir, where, attempt, None, None))
-    print(preflight.show(result), flush=True)
-    return result.first_failure() if isinstance(result, preflight_checks.Report) else None
+    print(preflight.show(result), flush=True)  # the table goes to SLURM's output; the verdict to the node log
+    if not isinstance(result, preflight_checks.Report):
+        return None
+    records.note_in_log(node_log(attempt_dir(run_dir, attempt), where.node_id), preflight_checks.verdict(result))
+    return result.first_failure()
 
 
 def _stopped(a: Attempt, why: str) -> Phase:

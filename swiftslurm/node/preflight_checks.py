@@ -242,8 +242,12 @@ def render_table(report: Report) -> str:
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(("host", "check", "result"))]
     lines = [f"{'host':{widths[0]}}  {'check':{widths[1]}}  {'result':{widths[2]}}  detail"]
     lines += [f"{h:{widths[0]}}  {c:{widths[1]}}  {r:{widths[2]}}  {d}" for h, c, r, d in rows]
+    return "\n".join([*lines, verdict(report)])
+
+
+def verdict(report: Report) -> str:
+    """One line: passed on how many nodes, or the first failure; node 0 also puts it into its node log."""
     failed = report.failures()
-    verdict = (
-        "preflight passed" if not failed else f"preflight FAILED ({len(failed)} check(s)): {report.first_failure()}"
-    )
-    return "\n".join([*lines, verdict])
+    if not failed:
+        return f"preflight passed on {len(report.nodes)} node(s)"
+    return f"preflight FAILED ({len(failed)} check(s)): {report.first_failure()}"

@@ -41,6 +41,13 @@ def close_attempt(run_dir: Path, record: dict[str, Any]) -> None:
         (run_dir / OPEN_ATTEMPT).unlink(missing_ok=True)
 
 
+def note_in_log(log: Path, text: str) -> None:
+    """A line of swiftslurm's own in a node log, where `swiftslurm logs` shows it (the trainer appends after it)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        out.write(f"[swiftslurm] {text}\n")
+
+
 def write_status(run_dir: Path, state: str, **facts: Any) -> None:
     """state: running | requeued | finished | failed | cancelled."""
     write_json_atomic(run_dir / STATUS, {"state": state, "updated": round(time.time(), 3), **facts})

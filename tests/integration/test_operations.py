@@ -27,6 +27,7 @@ SWEEP = (
     "swift.max_steps=20",
     "swift.save_steps=10",
 )
+FINISHED_LINE = r"^\d\d:\d\d:\d\d  \S+: (?:\S+ → )?finished$"  # wait=true's line when a point has finished
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -61,12 +62,21 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     victim, victim_job = runs[0], jobs[0]
     wait_until(lambda: current_step(victim) >= 5, 600, "the first point to train")
     subprocess.run(["scancel", "--signal=USR2", victim_job], check=True)
+    follow = subprocess.Popen(  # `logs -f` across the requeue: it names the next attempt and ends with the state
+        [sys.executable, "-m", "swiftslurm", "logs", "-f", str(victim)], stdout=subprocess.PIPE, text=True
+    )
 
     # The same sweep again, waiting: nothing is resubmitted; it waits for every point and prints the table.
     again = cli(*SWEEP, "wait=true", cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert "submitted job" not in again.stdout
     assert "4 run(s): 4 finished" in again.stdout
+    assert len(re.findall(FINISHED_LINE, again.stdout, re.M)) == 4 and "Launching" not in again.stdout + again.stderr
+    followed, _ = follow.communicate(timeout=120)
+    assert follow.returncode == 0, followed[-3000:]
+    assert f"[swiftslurm logs] attempt {victim_job}.r1 started (the one before: preempted → requeue)" in followed
+    assert followed.rstrip().splitlines()[-1].startswith("[swiftslurm logs] run finished")
+    assert "lines folded; `logs --verbose` shows them]" in followed  # ms-swift's argument dump
 
     report = status_json(sweep_dir)
     assert [r["state"] for r in report["runs"]] == ["finished"] * 4
@@ -88,6 +98,7 @@ def test_an_array_sweep_is_one_sbatch_and_trains_every_point_to_the_end(tmp_path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     [array] = re.findall(r"submitted 2 point\(s\) as job array\(s\) \['(\d+)'\]", done.stdout)
     assert "2 run(s): 2 finished" in done.stdout
+    assert len(re.findall(FINISHED_LINE, done.stdout, re.M)) == 2 and "Launching" not in done.stdout + done.stderr
     [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
     points = read_points(sweep_dir)
     assert [p["job_id"] for p in points] == [f"{array}_0", f"{array}_1"]

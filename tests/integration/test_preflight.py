@@ -95,7 +95,7 @@ def test_preflight_passes_on_two_nodes(tmp_path: Path, slurm_cluster: None) -> N
     run_dir = prepare(tmp_path)
     done = preflight(run_dir)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "preflight passed" in done.stdout
+    assert "preflight passed on 2 node(s)" in done.stdout
     data = report(run_dir)
     assert data["ok"] and len(data["nodes"]) == 2 and len(data["hosts"]) == 2
     checks = {c["name"] for n in data["nodes"] for c in n["checks"]}
@@ -147,3 +147,5 @@ def test_preflight_as_first_step_stops_the_run_without_training(tmp_path: Path, 
     (record,) = attempts(run_dir)
     assert record["decision"] == "stop" and record["preflight"] == "failed"
     assert not (run_dir / "output").exists() or not list((run_dir / "output").glob("checkpoint-*"))
+    logs = swiftslurm("logs", str(run_dir), cwd=tmp_path)  # node 0 put its verdict where `logs` looks
+    assert "] [swiftslurm] preflight FAILED (" in logs.stdout, logs.stdout + logs.stderr

@@ -86,6 +86,6 @@ def test_operations_are_subcommands_of_the_main_command(tmp_path: Path) -> None:
     status = swiftslurm("status", str(tmp_path / "run"), "--json", "--no-slurm", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     [run] = json.loads(status.stdout)["runs"]
-    assert (run["state"], run["job_id"], run["attempts"]) == ("unknown", None, 0)  # planned, never submitted
+    assert (run["state"], run["job_id"], run["attempts"]) == ("planned", None, 0)  # a dry run: never submitted
     resumed = swiftslurm("cancel", str(tmp_path / "nothing-here"), cwd=tmp_path)
     assert resumed.returncode == 2 and "holds no run" in resumed.stderr

@@ -1,0 +1,219 @@
+"""Feedback on long steps (swiftslurm/follow.py): `logs` on a run without logs says why, ms-swift's argument dump
+is folded, `logs -f` announces each attempt and the run's end, a closed pipe ends `logs` quietly, a `wait=true`
+sweep prints a line per state change, node 0's preflight verdict lands in the log `logs` shows.
+
+Run dirs are fixtures written through swiftslurm/node/records.py; where a run changes while it is followed, the
+follower's pause hands control to the test (Lockstep), so each change lands between two passes in a fixed order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import ops, status
+from swiftslurm.follow import Folder, current_attempt, show_logs, watch_points
+from swiftslurm.node import attempt, preflight, records
+from swiftslurm.node import preflight_checks as pc
+from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.rundir import attempt_dir, node_log
+from swiftslurm.runs import record_submission
+from swiftslurm.sweep import record_point
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS_DUMP = ["[INFO:swift] args: SftArguments(", *(f"arg{i}={i}," for i in range(300)), ")"]
+
+
+def make_run(run_dir: Path, name: str = "tiny") -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": name}))
+    return run_dir
+
+
+def log(run_dir: Path, attempt_id: str, *lines: str) -> None:
+    path = node_log(attempt_dir(run_dir, attempt_id), 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write("".join(line + "\n" for line in lines))
+
+
+def test_logs_of_a_run_that_never_ran_say_why_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dry = make_run(tmp_path / "dry")
+    assert ops.main(["logs", str(dry)]) == 1
+    assert (
+        "no attempt has started yet (state: planned: never submitted by swiftslurm (dry run)" in capsys.readouterr().err
+    )
+    stopped = make_run(tmp_path / "stopped")
+    records.write_status(stopped, "failed", why="the lease is held by job 9")
+    assert ops.main(["logs", str(stopped), "-f"]) == 1
+    assert "(state: failed: the lease is held by job 9)" in capsys.readouterr().err
+
+
+def test_logs_of_a_path_without_a_run_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ops.main(["logs", str(tmp_path)]) == 2
+    assert "is not a run dir (no plan.json). HINT: `swiftslurm status runs/`" in capsys.readouterr().err
+
+
+def test_the_argument_dump_is_folded_to_one_line_unless_verbose(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path / "run")
+    records.write_status(run_dir, "running", attempt="7")
+    log(run_dir, "7", "[swiftslurm] exec: swift sft", *ARGS_DUMP, "[INFO:swift] Global seed set to 2", "{'loss': 1.5}")
+    assert ops.main(["logs", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "[7/node0] [INFO:swift] args: SftArguments( … )  [301 lines folded; `logs --verbose` shows them]"
+    assert len(lines) == 4 and lines[3] == "[7/node0] {'loss': 1.5}"
+    assert ops.main(["logs", "--verbose", str(run_dir)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3 + len(ARGS_DUMP)
+
+
+def test_a_dump_split_across_reads_is_folded_once() -> None:
+    folder = Folder(verbose=False)
+    shown = folder.feed(["before", *ARGS_DUMP[:100]]) + folder.feed(ARGS_DUMP[100:]) + folder.feed(["[INFO:swift] x"])
+    assert len(shown) == 3 and shown[1].startswith(ARGS_DUMP[0]) and shown[2] == "[INFO:swift] x"
+
+
+class Lockstep:
+    """The follower's pause hands control to the test, which changes the run dir and lets it go on."""
+
+    def __init__(self) -> None:
+        self.paused = threading.Semaphore(0)
+        self.go_on = threading.Semaphore(0)
+
+    def pause(self) -> None:
+        self.paused.release()
+        self.go_on.acquire()
+
+    def then(self, change: Callable[[], None]) -> None:
+        assert self.paused.acquire(timeout=120), "the follower never finished its pass"
+        change()
+        self.go_on.release()
+
+
+def test_logs_follow_announces_a_requeue_and_ends_with_the_run_state(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    records.write_status(run_dir, "running", attempt="7")
+    log(run_dir, "7", "step 1")
+    out, step, result = io.StringIO(), Lockstep(), []
+    follower = threading.Thread(
+        target=lambda: result.append(show_logs(run_dir, ops.facts_of, follow=True, out=out, pause=step.pause))
+    )
+    follower.start()
+
+    def requeue() -> None:
+        log(run_dir, "7", "step 2")  # written before the requeue, read after the next attempt exists
+        records.append_attempt(run_dir, {"attempt": "7", "reason": "preempted", "decision": "requeue"})
+        log(run_dir, "7.r1", "resumed")
+        records.write_status(run_dir, "running", attempt="7.r1")
+
+    def finish() -> None:
+        log(run_dir, "7.r1", "step 3")
+        records.write_status(run_dir, "finished", attempt="7.r1", why="reached max_steps")
+
+    step.then(requeue)
+    step.then(finish)
+    follower.join(timeout=120)
+    assert result == [0]
+    assert out.getvalue().splitlines() == [
+        "[swiftslurm logs] attempt 7 started",
+        "[7/node0] step 1",
+        "[7/node0] step 2",
+        "[swiftslurm logs] attempt 7.r1 started (the one before: preempted → requeue)",
+        "[7.r1/node0] resumed",
+        "[7.r1/node0] step 3",
+        "[swiftslurm logs] run finished: reached max_steps",
+    ]
+
+
+def test_logs_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    log(run_dir, "7", *(f"line {i}" for i in range(50_000)))  # far more than a pipe holds: the writer blocks
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "swiftslurm", "logs", str(run_dir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == "[7/node0] line 0\n"
+    proc.stdout.close()  # what `| head -1` does once it has its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == ""
+
+
+def test_a_waiting_sweep_prints_a_line_each_time_a_point_changes_state(tmp_path: Path) -> None:
+    points = [make_run(tmp_path / "runs" / f"p{i}", f"p{i}") for i in range(2)]
+    for i, run_dir in enumerate(points):
+        record_submission(run_dir, str(i + 1), "slurm")
+        record_point(tmp_path / "sweep", {"num": i, "run_dir": str(run_dir)})
+    changes = [
+        lambda: records.write_status(points[0], "running"),
+        lambda: (records.write_status(points[0], "finished"), records.write_status(points[1], "failed", why="OOM")),
+    ]
+    out = io.StringIO()
+    facts, _ = watch_points(
+        tmp_path / "sweep", lambda p: status.collect(p, use_slurm=False), lambda: changes.pop(0)(), out
+    )
+    assert [f.state for f in facts] == ["finished", "failed"] and not changes
+    assert [re.sub(r"^\d\d:\d\d:\d\d  ", "", line) for line in out.getvalue().splitlines()] == [
+        "p0: pending",
+        "p1: pending",
+        "p0: pending → running",
+        "p0: running → finished",
+        "p1: pending → failed (OOM)",
+    ]
+
+
+def test_node_0_puts_the_preflight_verdict_into_the_log_logs_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path / "run")
+    checks = (pc.Check("run dir writable", True, "yes"),)
+    passed = pc.assemble("5", [pc.NodeReport(0, "node1", checks), pc.NodeReport(1, "node2", checks)])
+    monkeypatch.setattr(preflight, "run", lambda ctx: passed)  # the checks themselves: tests/integration
+    where = SlurmEnv(job_id="5", hosts=("node1", "node2"), node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
+    assert attempt._preflight(run_dir, where, "5") is None
+    records.write_status(run_dir, "running", attempt="5")
+    capsys.readouterr()
+    assert ops.main(["logs", str(run_dir)]) == 0
+    assert capsys.readouterr().out == "[5/node0] [swiftslurm] preflight passed on 2 node(s)\n"
+
+
+def test_a_sweep_does_not_print_hydras_launching_jobs_locally(tmp_path: Path) -> None:
+    """swiftslurm's sweeper plans and submits the points itself: Hydra's BasicLauncher (which logged
+    "Launching N jobs locally" for SLURM jobs) is never called."""
+    argv = [sys.executable, "-m", "swiftslurm", "-m", "+cluster=local-slurm", "seed=1,2", "dry_run=true"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWIFTSLURM_RUNS": str(tmp_path / "runs")}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Nothing submitted (dry_run=true)") == 2 and "Launching" not in done.stdout + done.stderr
+
+
+def test_the_current_attempt_comes_from_the_records_after_a_restart_in_place(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    log(run_dir, "7", "first")
+    records.append_attempt(run_dir, {"attempt": "7", "reason": "crashed", "decision": "restart"})
+    records.write_status(run_dir, "restarting", attempt="7")  # status.json still names the attempt that ended
+    log(run_dir, "7.i1", "again")
+    assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
+    records.append_attempt(run_dir, {"attempt": "7.i1", "reason": "finished", "decision": "done"})
+    os.utime(node_log(attempt_dir(run_dir, "7"), 0))  # touched later: the records still decide
+    assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
+
+
+def test_a_waited_sweep_with_a_point_never_submitted_does_not_wait_forever(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "runs" / "p0", "p0")  # planned: no job.json, no word from a wrapper
+    record_point(tmp_path / "sweep", {"num": 0, "run_dir": str(run_dir)})
+
+    def never() -> None:
+        raise AssertionError("waited for a point nothing will change")
+
+    facts, _ = watch_points(tmp_path / "sweep", lambda p: status.collect(p, use_slurm=False), never, io.StringIO())
+    assert [f.state for f in facts] == ["planned"]

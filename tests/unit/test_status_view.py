@@ -1,0 +1,54 @@
+"""What `status` shows: every state documented, dry-run dirs `planned`, runs sharing a name told apart."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import status
+from swiftslurm.node import conclude, decide, records
+from swiftslurm.runs import STATES, gather, record_submission
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def write_plan(run_dir: Path, run_name: str) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": run_name}))
+
+
+def documented_states() -> set[str]:
+    """The backquoted words of the **state** bullet of docs/operations.md."""
+    bullet = re.search(r"^- \*\*state\*\*:(.*?)(?=^- |\Z)", DOCS.read_text(), re.M | re.S)
+    assert bullet is not None, "docs/operations.md lost its **state** bullet"
+    return set(re.findall(r"`([a-z-]+)`", bullet.group(1)))
+
+
+def test_every_state_status_can_show_is_documented_and_no_other() -> None:
+    assert documented_states() == set(STATES)
+
+
+@pytest.mark.parametrize("action", list(decide.Action))
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_every_state_the_node_side_records_is_one_status_knows(action: decide.Action, cancelled: bool) -> None:
+    assert conclude._state(decide.Decision(action, decide.Reason.FINISHED, ""), cancelled) in STATES
+
+
+def test_a_dry_run_dir_is_planned_with_the_way_to_submit_it(tmp_path: Path) -> None:
+    write_plan(tmp_path / "run", "tiny")
+    facts = gather(tmp_path / "run")
+    assert facts.state == "planned" and "dry_run" in facts.why
+
+
+def test_runs_sharing_a_name_are_told_apart_by_their_run_dir(tmp_path: Path) -> None:
+    for folder in ("a", "b", "c"):
+        write_plan(tmp_path / "runs" / folder, "same")
+        records.write_status(tmp_path / "runs" / folder, "finished", why="done")
+        record_submission(tmp_path / "runs" / folder, "1", "slurm")
+    write_plan(tmp_path / "runs" / "d", "other")
+    facts, _ = status.collect(tmp_path / "runs", use_slurm=False)
+    first_column = [line.split()[0] for line in status.render(facts, None, tmp_path / "runs").splitlines()[1:5]]
+    assert first_column == ["a", "b", "c", "other"]
