@@ -35,13 +35,17 @@ def run(cfg: DictConfig) -> int:
 
     config = to_config(cfg)
     plan = make_plan(config, PlanContext(cwd=Path.cwd()))
-    run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
+    sbatch = submit.check_run_dir(plan)
+    run_dir = Path(plan.run_dir)
+    skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
+    if skip is None:  # a run that is not submitted again keeps its run dir as it is
+        submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), sbatch)
     if (warning := save_budget_warning(config, plan)) is not None:
         print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        print(dry_run_text(plan, run_dir))
+        print(dry_run_text(plan, run_dir, skip))
         return 0
-    if (skip := already_submitted(run_dir)) is not None:
+    if skip is not None:
         print(f"{plan.run_name}: {skip}", flush=True)
         return 0
     ready_to_submit([plan])
