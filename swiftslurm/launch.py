@@ -63,7 +63,8 @@ def dry_run_text(plan: JobPlan, run_dir: Path, not_written: str | None = None) -
     """The dry run's report; ``not_written``: why the run dir was left as it is (its run finished or is queued)."""
     how = f"sbatch {run_dir / rundir.SBATCH}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
     if not_written is not None:
-        return f"{dry_run_report(plan)}\n\nNothing submitted (dry_run=true), nothing written: {run_dir} is {not_written}"
+        left = f"Nothing submitted (dry_run=true), nothing written: {run_dir} is {not_written}"
+        return f"{dry_run_report(plan)}\n\n{left}"
     written = f"Nothing submitted (dry_run=true). Run directory written: {run_dir}"
     return f"{dry_run_report(plan)}\n\n{written}\nSubmit by hand: {how}"
 
