@@ -15,7 +15,8 @@ import sys
 import tempfile
 import time
 
-DRY_RUN = ["-m", "swiftslurm", "+cluster=a100x16", "model=qwen3-8b", "strategy=zero3", "dry_run=true"]
+DATASET = "dataset=[AI-ModelScope/alpaca-gpt4-data-en]"  # a real model names its data
+DRY_RUN = ["-m", "swiftslurm", "+cluster=a100x16", "model=qwen3-8b", "strategy=zero3", DATASET, "dry_run=true"]
 BASELINE = ["-c", "pass"]
 
 

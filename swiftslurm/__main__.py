@@ -7,6 +7,7 @@ Examples:
     python -m swiftslurm -m +cluster=local-slurm swift.learning_rate=1e-4,2e-4 strategy=ddp,zero2  # a sweep
 
 Operating runs: `python -m swiftslurm status|logs|cancel|resume|preflight ...` (see `... status -h`).
+`python -m swiftslurm --help` lists them all (swiftslurm/cli_help.py); Hydra's own help is `--hydra-help`.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ def run(cfg: DictConfig) -> int:
 
     config = to_config(cfg)
     plan = make_plan(config, PlanContext(cwd=Path.cwd()))
-    run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
+    sbatch = submit.check_run_dir(plan)
+    run_dir = Path(plan.run_dir)
+    skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
+    if skip is None:  # a run that is not submitted again keeps its run dir as it is
+        submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), sbatch)
     if (warning := save_budget_warning(config, plan)) is not None:
         print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        print(dry_run_text(plan, run_dir))
+        print(dry_run_text(plan, run_dir, skip))
         return 0
-    if (skip := already_submitted(run_dir)) is not None:
+    if skip is not None:
         print(f"{plan.run_name}: {skip}", flush=True)
         return 0
     ready_to_submit([plan])
@@ -64,24 +69,24 @@ def hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
-OPERATIONS = {
-    "status": "swiftslurm.status",
-    "logs": "swiftslurm.ops",
-    "cancel": "swiftslurm.ops",
-    "resume": "swiftslurm.ops",
-    "preflight": "swiftslurm.preflight",
-}
-
-
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in OPERATIONS:  # `swiftslurm status DIR`: not a Hydra override
+    from swiftslurm import cli_errors
+    from swiftslurm.cli_help import COMMANDS, HELP_FLAGS, render
+
+    first = sys.argv[1] if len(sys.argv) > 1 else ""
+    if first in COMMANDS:  # `swiftslurm status DIR`: not a Hydra override
         import importlib
 
-        module = importlib.import_module(OPERATIONS[sys.argv[1]])
+        module = importlib.import_module(COMMANDS[first][0])
         args = sys.argv[2:] if module.__name__ != "swiftslurm.ops" else sys.argv[1:]
         from swiftslurm.pipes import quiet_on_closed_pipe
 
         sys.exit(quiet_on_closed_pipe(module.main, args))
+    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # ours, not Hydra's (that is --hydra-help)
+        print(render(), end="")
+        sys.exit(0)
+    if cli_errors.is_bare_word(first):  # no `=`, no flag: a command, mistyped; Hydra would say "missing EQUAL"
+        sys.exit(refuse(cli_errors.unknown_command_message(first, list(COMMANDS))))
     sys.exit(compose_and_run(sys.argv[1:]))
 
 

@@ -134,6 +134,22 @@ def _override_for(key: str, overrides: Sequence[str]) -> str:
     return f"{key}=VALUE"
 
 
+def is_bare_word(arg: str) -> bool:
+    """Neither KEY=VALUE, `~KEY` (Hydra's delete) nor a flag: on the command line only a command can be that."""
+    return bool(arg) and "=" not in arg and not arg.startswith(("-", "~"))
+
+
+def unknown_command_message(word: str, commands: Sequence[str]) -> str:
+    """`stauts`: the command it most likely meant; otherwise the commands and the KEY=VALUE form."""
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    if close:
+        return f"unknown command '{word}'; did you mean `{close[0]}`?"
+    return (
+        f"unknown command '{word}': the commands are {', '.join(commands)}, and {_SETTINGS}. "
+        "HINT: python -m swiftslurm --help."
+    )
+
+
 def flag_message(arg: str) -> str:
     """`--dry-run`: not one of Hydra's flags; the setting it most likely meant, spelled KEY=VALUE."""
     name, _, value = arg.lstrip("-").partition("=")

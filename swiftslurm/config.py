@@ -203,8 +203,10 @@ class Config:
         None, "Run name; null = `{model}-{task}-{strategy}-{cluster}`. In a sweep (`-m`), `-<what varies>` is added."
     )
     run_dir: str | None = doc(None, "Where the run lives; null = `./runs/{run_name}`. Same dir = same run.")
-    dataset: list[str] = doc(
-        ["tiny"], "ms-swift `--dataset` values (hub ids, `id#N`, absolute paths); `tiny` = the built-in one."
+    dataset: list[str] | None = doc(
+        None,
+        "ms-swift `--dataset` values (hub ids, `id#N`, absolute paths; `tiny`, `tiny-dpo`, `tiny-grpo` = the "
+        "built-in ones); null = `[tiny]` for the tiny model, and every other model must name its data.",
     )
     micro_batch_size: int = doc(1, "Samples per GPU (or CPU process) per forward pass.")
     global_batch_size: int | None = doc(

@@ -82,6 +82,7 @@ REFUSED = [
     "- negative or zero counts and sizes, layouts that do not tile the GPUs, batch sizes that are not a whole",
     "  number of micro-batches, SLURM times it cannot read (`UNLIMITED` is accepted), a `signal_lead_s` past the",
     "  limit, `master_port_base` whose ports would pass 65535;",
+    "- a model other than `tiny` with no `dataset=` (the built-in tiny data is the tiny model's default only);",
     "- relative paths (ms-swift runs in the run dir, other nodes elsewhere) and absolute ones missing on a",
     "  filesystem this machine sees; credentials anywhere in the config; invalid storage settings;",
     "- a run dir that is a file, cannot be created, or holds an unreadable or different plan.json.",

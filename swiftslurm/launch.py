@@ -41,23 +41,30 @@ def to_config(cfg: DictConfig) -> Config:
     return config
 
 
-def already_submitted(run_dir: Path) -> str | None:
+def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
     """Why this run is not submitted again (finished, or its job still queued or running); None to submit.
-    Makes re-running a command (or a sweep) resume what stopped and leave alone what did not."""
+    Makes re-running a command (or a sweep) resume what stopped and leave alone what did not. Asked before the
+    run dir is written: a run that is not submitted keeps its files as they are (`status` reads them).
+    ``run_dir_given``: the user chose the run dir (run_dir=), so only another run_dir makes a new run."""
     from swiftslurm.ops import ACTIVE_STATES, facts_of
 
     if not (run_dir / rundir.JOB).is_file():
         return None
     facts = facts_of(run_dir)
     if facts.state == "finished":
-        return f"already finished (job {facts.job_id}); not submitted again. HINT: a new run_name trains anew."
+        fresh = "a new run_dir=PATH" if run_dir_given else "a new run_name=NAME (or run_dir=PATH)"
+        return f"already finished (job {facts.job_id}); not submitted again. HINT: {fresh} trains anew."
     if facts.state in ACTIVE_STATES:
         return f"already {facts.state} as job {facts.job_id}; not submitted again."
     return None
 
 
-def dry_run_text(plan: JobPlan, run_dir: Path) -> str:
+def dry_run_text(plan: JobPlan, run_dir: Path, not_written: str | None = None) -> str:
+    """The dry run's report; ``not_written``: why the run dir was left as it is (its run finished or is queued)."""
     how = f"sbatch {run_dir / rundir.SBATCH}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
+    if not_written is not None:
+        left = f"Nothing submitted (dry_run=true), nothing written: {run_dir} is {not_written}"
+        return f"{dry_run_report(plan)}\n\n{left}"
     written = f"Nothing submitted (dry_run=true). Run directory written: {run_dir}"
     return f"{dry_run_report(plan)}\n\n{written}\nSubmit by hand: {how}"
 

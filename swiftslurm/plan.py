@@ -268,8 +268,9 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     run_dir = _run_dir(cfg, run_name, ctx)
     python = cfg.cluster.python or ctx.python
     validate.check_paths(cfg, topology, ctx.cwd)
+    datasets = validate.datasets_of(cfg)  # after check_paths: a mistyped model path is the first thing to fix
     validate.check_master_port(cfg.cluster.master_port_base, PORT_SPAN)
-    swift_args = _swift_args(cfg, topology, parallel, batch, run_dir, ctx)
+    swift_args = _swift_args(cfg, datasets, topology, parallel, batch, run_dir, ctx)
     validate.check_swift_args(cfg, swift_args)
     return JobPlan(
         run_name=run_name,
@@ -288,7 +289,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         master_port_base=cfg.cluster.master_port_base,
         slurm=_slurm_spec(cfg, run_name, topology) if cfg.cluster.scheduler == "slurm" else None,
         model_id=cfg.model.id,
-        tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg) else None,
+        tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg, datasets) else None,
         keep_checkpoints=cfg.keep_checkpoints,
         resilience=Resilience(**vars(cfg.resilience), signal_lead_s=cfg.cluster.signal_lead_s),
         storage=_storage(cfg, run_name),
@@ -379,8 +380,8 @@ def _storage(cfg: Config, run_name: str) -> StorageSpec | None:
     )
 
 
-def _uses_tiny(cfg: Config) -> bool:
-    return cfg.model.id == "tiny" or any(d in tiny.DATASETS for d in cfg.dataset)
+def _uses_tiny(cfg: Config, datasets: list[str]) -> bool:
+    return cfg.model.id == "tiny" or any(d in tiny.DATASETS for d in datasets)
 
 
 def _topology(cfg: Config) -> Topology:
@@ -415,7 +416,13 @@ def _run_dir(cfg: Config, run_name: str, ctx: PlanContext) -> Path:
 
 
 def _swift_args(
-    cfg: Config, topo: Topology, par: Parallelism, batch: BatchPlan, run_dir: Path, ctx: PlanContext
+    cfg: Config,
+    datasets: list[str],
+    topo: Topology,
+    par: Parallelism,
+    batch: BatchPlan,
+    run_dir: Path,
+    ctx: PlanContext,
 ) -> dict[str, Any]:
     """Merge ms-swift arguments: derived < strategy < task < model < cluster < the user's `swift.*`."""
     engine = engine_for(cfg.task.launcher)
@@ -424,8 +431,8 @@ def _swift_args(
         validate.check_not_planned(extra)
     assets = tiny.asset_paths(ctx.env)
     model = str(assets.model_dir) if cfg.model.id == "tiny" else cfg.model.id
-    datasets = [str(assets.dataset(d)) if d in tiny.DATASETS else d for d in cfg.dataset]
-    args: dict[str, Any] = {"model": model, "dataset": datasets, "tuner_type": cfg.strategy.tuner_type}
+    data = [str(assets.dataset(d)) if d in tiny.DATASETS else d for d in datasets]
+    args: dict[str, Any] = {"model": model, "dataset": data, "tuner_type": cfg.strategy.tuner_type}
     args |= _engine_args(cfg, par)
     args |= engine.batch_args(batch)
     args |= _task_args(cfg)

@@ -75,6 +75,7 @@ class Planned:
     dry_run: bool
     array_parallelism: int
     warning: str | None  # the plan's save-budget warning, printed by the sweep's own process
+    run_dir_given: bool  # the user chose the run dir (run_dir=): only another run_dir makes a new run
 
     def record(self, action: str, job_id: str | None = None) -> dict[str, Any]:
         """The point's line in sweep.jsonl: what it is, where its run dir is, and what was done."""
@@ -206,7 +207,8 @@ def plan_point(sweep: Sweep, point: Point) -> Planned:
     warning = save_budget_warning(config, plan)
     touched = {str(o.key_or_group).split(".")[0] for o in point.values}
     config_yaml = point_yaml(cfg, point.base, touched)
-    return Planned(point, plan, config_yaml, sbatch, config.dry_run, config.array_parallelism, warning)
+    given = config.run_dir is not None
+    return Planned(point, plan, config_yaml, sbatch, config.dry_run, config.array_parallelism, warning, given)
 
 
 def plan_points(points: list[Point]) -> list[Planned]:
@@ -250,12 +252,14 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
         sweep_dir = Path(master.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(master, sweep_dir / HYDRA_RECORD)  # as Hydra's BasicSweeper does, once all are planned
-        workers.map(write_run_dirs, planned)
-    sync_filesystems([Path(item.plan.run_dir) for item in planned])  # each file whole (temp + rename), on disk
-    to_submit = [item for item in planned if not item.dry_run and not skipped(item, sweep_dir)]
+        skips = {item.plan.run_dir: already_submitted(Path(item.plan.run_dir), item.run_dir_given) for item in planned}
+        to_write = [item for item in planned if skips[item.plan.run_dir] is None]  # the others keep their run dir
+        workers.map(write_run_dirs, to_write)
+    sync_filesystems([Path(item.plan.run_dir) for item in to_write])  # each file whole (temp + rename), on disk
+    to_submit = [item for item in planned if not item.dry_run and not skipped(item, skips, sweep_dir)]
     for item in planned:
         if item.dry_run:
-            print(dry_run_text(item.plan, Path(item.plan.run_dir)))
+            print(dry_run_text(item.plan, Path(item.plan.run_dir), skips[item.plan.run_dir]))
     if not to_submit:
         return
     record_points(sweep_dir, [item.record("planned") for item in to_submit])
@@ -265,9 +269,9 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
         sys.exit(1)
 
 
-def skipped(item: Planned, sweep_dir: Path) -> bool:
+def skipped(item: Planned, skips: dict[str, str | None], sweep_dir: Path) -> bool:
     """A point whose run finished or is still queued: recorded and said, not submitted again."""
-    if (why := already_submitted(Path(item.plan.run_dir))) is None:
+    if (why := skips[item.plan.run_dir]) is None:
         return False
     print(f"{item.plan.run_name}: {why}", flush=True)
     record_points(sweep_dir, [item.record(why)])

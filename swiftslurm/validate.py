@@ -196,7 +196,7 @@ def check_choices(cfg: Config) -> None:
     check_counts(cfg)
     check_sbatch_extra(cfg.cluster.sbatch)
     check_env_names(cfg.cluster.env)
-    if not cfg.dataset:
+    if cfg.dataset == []:
         raise ConfigError("dataset=[] names no data. HINT: dataset=[tiny], a hub id or dataset=[/abs/train.jsonl].")
     _check_needs_gpus(cfg)
     _check_vllm(cfg)
@@ -345,11 +345,29 @@ def _is_hub_id(value: str) -> bool:
     return not value.split("#")[0].endswith((".json", ".jsonl", ".csv", ".txt", ".parquet"))
 
 
+# What the refusal of a real model without data suggests: a hub dataset id, as the recipes name them (conf/recipe/).
+EXAMPLE_DATASET = "AI-ModelScope/alpaca-gpt4-data-en"
+
+
+def datasets_of(cfg: Config) -> list[str]:
+    """The data the run trains on. The built-in tiny data is the default of the tiny model alone: a real model
+    left on it would train on a toy file in the login node's home directory without a word."""
+    if cfg.dataset is not None:
+        return list(cfg.dataset)
+    if cfg.model.id == "tiny":
+        return ["tiny"]
+    raise ConfigError(
+        f"model={cfg.model.name} has no data: dataset= is not set (the built-in `tiny` data is only the tiny "
+        f"model's default). HINT: name it, e.g. dataset=[{EXAMPLE_DATASET}] (a hub id, `id#N` quoted: "
+        "'dataset=[\"id#1000\"]') or dataset=[/abs/path/train.jsonl]."
+    )
+
+
 def check_paths(cfg: Config, topology: Topology, cwd: Path) -> None:
     """Local paths must be absolute: ms-swift starts in the run directory, and other nodes in theirs. An absolute
     path on a filesystem the login node sees (its top directory exists here) must exist; one on a filesystem
     only the nodes mount is left to preflight."""
-    candidates = [("model.id", cfg.model.id)] + [("dataset", d) for d in cfg.dataset]
+    candidates = [("model.id", cfg.model.id)] + [("dataset", d) for d in cfg.dataset or ()]
     if cfg.cluster.python:
         candidates.append(("cluster.python", cfg.cluster.python))
     for field, value in candidates:

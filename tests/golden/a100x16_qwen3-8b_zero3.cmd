@@ -1,6 +1,6 @@
 /opt/venv/bin/swift sft \
     --model Qwen/Qwen3-8B \
-    --dataset /shared/cache/swiftslurm/tiny-v1/data/train.jsonl \
+    --dataset AI-ModelScope/alpaca-gpt4-data-en \
     --tuner_type lora \
     --deepspeed zero3 \
     --per_device_train_batch_size 1 \

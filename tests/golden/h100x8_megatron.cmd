@@ -1,6 +1,6 @@
 /opt/venv/bin/megatron sft \
     --model Qwen/Qwen3-VL-8B-Instruct \
-    --dataset /shared/cache/swiftslurm/tiny-v1/data/train.jsonl \
+    --dataset AI-ModelScope/LaTeX_OCR:human_handwrite \
     --tuner_type lora \
     --tensor_model_parallel_size 4 \
     --pipeline_model_parallel_size 2 \

@@ -35,6 +35,10 @@ def test_default_command_trains_and_reports_loss_and_checkpoint(tmp_path: Path) 
     again = swiftslurm(f"run_dir={run_dir}", cwd=tmp_path)
     assert again.returncode == 0 and "already finished" in again.stdout, again.stdout + again.stderr[-3000:]
     assert len(attempts(run_dir)) == 1
+    plan = (run_dir / "plan.json").read_bytes()
+    renamed = swiftslurm(f"run_dir={run_dir}", "run_name=other", cwd=tmp_path)  # nothing submitted: nothing written
+    assert "HINT: a new run_dir=PATH trains anew." in renamed.stdout, renamed.stdout + renamed.stderr[-3000:]
+    assert (run_dir / "plan.json").read_bytes() == plan
 
     (run_dir / "status.json").unlink()  # as if the job had died before its wrapper could write a final state
     (run_dir / "attempts.jsonl").unlink()

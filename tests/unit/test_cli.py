@@ -17,7 +17,14 @@ def swiftslurm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_dry_run_prints_plan_script_node_table_and_command(tmp_path: Path) -> None:
-    done = swiftslurm("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3", "dry_run=true", cwd=tmp_path)
+    done = swiftslurm(
+        "+cluster=a100x16",
+        "model=qwen3-8b",
+        "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
+        "strategy=zero3",
+        "dry_run=true",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "2 node(s) × 8 GPUs = world size 16" in out

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm import docgen
-from swiftslurm.__main__ import OPERATIONS
+from swiftslurm.cli_help import COMMANDS as SUBCOMMANDS
 from swiftslurm.node.ckpt.checkpoint import commit
 from swiftslurm.sweep import record_points
 from tests.conftest import REPO
@@ -83,7 +83,7 @@ COMMANDS = doc_commands()
 def runnable(command: DocCommand) -> list[str]:
     """The command's arguments, made runnable here as the module docstring says."""
     args = [optional(PLACEHOLDERS.get(a, a)) for a in command.args]
-    if command.module != "swiftslurm" or (args and args[0] in OPERATIONS):  # `status RUN_DIR`: not a run
+    if command.module != "swiftslurm" or (args and args[0] in SUBCOMMANDS):  # `status RUN_DIR`: not a run
         return args
     if "..." in args:
         args[args.index("...") : args.index("...") + 1] = SWEEP_FILL

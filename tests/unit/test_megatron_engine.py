@@ -19,7 +19,13 @@ from tests.conftest import plan_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "megatron"
 ENGINE = MegatronEngine()
-MEGATRON = ("+cluster=h200x2", "model=qwen3-8b", "task=megatron_sft", "strategy=megatron")
+MEGATRON = (
+    "+cluster=h200x2",
+    "model=qwen3-8b",
+    "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
+    "task=megatron_sft",
+    "strategy=megatron",
+)
 
 
 def logging_lines() -> list[str]:

@@ -19,7 +19,9 @@ def argv_value(plan: JobPlan, name: str) -> str | None:
 
 
 def test_a100x16_zero3_is_two_nodes_of_eight_gpus_world_sixteen() -> None:
-    plan = plan_for("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3")
+    plan = plan_for(
+        "+cluster=a100x16", "model=qwen3-8b", "dataset=[AI-ModelScope/alpaca-gpt4-data-en]", "strategy=zero3"
+    )
     assert (plan.topology.nodes, plan.topology.procs_per_node, plan.topology.world_size) == (2, 8, 16)
     assert plan.batch.data_parallel == 16
     assert argv_value(plan, "deepspeed") == "zero3"
@@ -38,6 +40,7 @@ def test_megatron_batch_is_micro_and_global_over_data_parallel_ranks() -> None:
     plan = plan_for(
         "+cluster=h100x8",
         "model=qwen3-8b",
+        "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
         "strategy=megatron",
         "task=megatron_sft",
         "strategy.tp=4",
@@ -76,7 +79,13 @@ def test_run_dir_defaults_to_runs_slash_run_name_under_cwd() -> None:
 
 
 def test_plan_round_trips_through_json() -> None:
-    plan = plan_for("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3", "global_batch_size=64")
+    plan = plan_for(
+        "+cluster=a100x16",
+        "model=qwen3-8b",
+        "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
+        "strategy=zero3",
+        "global_batch_size=64",
+    )
     assert JobPlan.from_json(plan.to_json()) == plan
 
 
@@ -109,6 +118,7 @@ def test_plan_round_trips_through_json() -> None:
             [
                 "+cluster=a100x8",
                 "model=qwen3-30b-a3b",
+                "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
                 "strategy=megatron",
                 "task=megatron_sft",
                 "strategy.tp=4",

@@ -132,7 +132,9 @@ def test_nonpositive_preflight_timeout_is_refused() -> None:
 
 
 def test_checks_only_job_asks_for_the_training_allocation_with_a_short_limit() -> None:
-    plan = plan_for("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3")
+    plan = plan_for(
+        "+cluster=a100x16", "model=qwen3-8b", "dataset=[AI-ModelScope/alpaca-gpt4-data-en]", "strategy=zero3"
+    )
     script = login_preflight.render_preflight_sbatch(plan, 60.0)
     assert "#SBATCH --job-name=preflight-" in script and "#SBATCH --nodes=2" in script
     assert "#SBATCH --gpus-per-node=" in script and "#SBATCH --time=4" in script

@@ -20,11 +20,18 @@ GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("SWIFTSLURM_UPDATE_GOLDEN") == "1"
 
 CASES = {
-    "a100x16_qwen3-8b_zero3": ["+cluster=a100x16", "model=qwen3-8b", "strategy=zero3", "run_dir=/scratch/r"],
+    "a100x16_qwen3-8b_zero3": [
+        "+cluster=a100x16",
+        "model=qwen3-8b",
+        "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
+        "strategy=zero3",
+        "run_dir=/scratch/r",
+    ],
     "local-slurm_tiny": ["+cluster=local-slurm", "run_dir=/scratch/tiny"],
     "h100x8_megatron": [
         "+cluster=h100x8",
         "model=qwen3-vl-8b-instruct",
+        "dataset=[AI-ModelScope/LaTeX_OCR:human_handwrite]",
         "strategy=megatron",
         "task=megatron_sft",
         "strategy.tp=4",
@@ -103,7 +110,9 @@ def test_submitit_asks_for_the_same_allocation_as_job_sbatch(tmp_path: Path) -> 
     """submitit renders its own script; its #SBATCH lines must carry the facts job.sbatch carries."""
     import submitit
 
-    plan = plan_for("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3")
+    plan = plan_for(
+        "+cluster=a100x16", "model=qwen3-8b", "dataset=[AI-ModelScope/alpaca-gpt4-data-en]", "strategy=zero3"
+    )
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
     executor.update_parameters(**executor_parameters(plan))
     text = executor._executor._make_submission_file_text("python -c pass", "UUID")  # type: ignore[attr-defined]

@@ -10,7 +10,13 @@ from pathlib import Path
 from swiftslurm.plan import PlanContext, make_plan, save_budget_warning, save_seconds
 from tests.conftest import FIXED_CACHE, FIXED_PYTHON, compose_config
 
-FULL_72B = ("+cluster=a100x16", "model=qwen2.5-72b-instruct", "strategy=zero3", "strategy.tuner_type=full")
+FULL_72B = (
+    "+cluster=a100x16",
+    "model=qwen2.5-72b-instruct",
+    "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
+    "strategy=zero3",
+    "strategy.tuner_type=full",
+)
 
 
 def warning_for(*overrides: str) -> str | None:
@@ -28,11 +34,24 @@ def test_a_full_fine_tune_of_72b_cannot_commit_in_the_default_lead_and_the_hint_
 
 
 def test_lora_of_the_same_model_has_time() -> None:
-    assert warning_for("+cluster=a100x16", "model=qwen2.5-72b-instruct", "strategy=zero3") is None
+    assert (
+        warning_for(
+            "+cluster=a100x16",
+            "model=qwen2.5-72b-instruct",
+            "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
+            "strategy=zero3",
+        )
+        is None
+    )
 
 
 def test_local_runs_get_no_signal_so_no_warning() -> None:
-    assert warning_for("model=qwen2.5-72b-instruct", "strategy.tuner_type=full") is None
+    assert (
+        warning_for(
+            "model=qwen2.5-72b-instruct", "dataset=[AI-ModelScope/alpaca-gpt4-data-en]", "strategy.tuner_type=full"
+        )
+        is None
+    )
 
 
 def test_a_time_limit_too_short_for_any_lead_says_so() -> None:

@@ -82,7 +82,9 @@ def test_from_environ_does_not_touch_os_environ(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_every_node_of_a_two_node_job_gets_its_rank_and_the_first_host_as_master() -> None:
-    plan = plan_for("+cluster=a100x16", "model=qwen3-8b", "strategy=zero3")
+    plan = plan_for(
+        "+cluster=a100x16", "model=qwen3-8b", "dataset=[AI-ModelScope/alpaca-gpt4-data-en]", "strategy=zero3"
+    )
     envs = [rank_env(SlurmEnv.from_environ(srun_env(n)), plan) for n in (0, 1)]
     assert [e["NODE_RANK"] for e in envs] == ["0", "1"]
     assert {e["MASTER_ADDR"] for e in envs} == {"gpu07"}
