@@ -56,15 +56,16 @@ class DocCommand:
 
 
 def doc_commands() -> list[DocCommand]:
-    """Every `python -m swiftslurm...` line inside a fenced code block, continuation lines joined."""
+    """Every `python -m swiftslurm...` line inside a fenced code block, continuation lines joined. In a ```text
+    block (output shown, e.g. `--help`'s usage lines in docs/cli.md) only a line after a `$ ` prompt is one."""
     found = []
     for doc in docgen.docs():
-        lines, fenced = doc.read_text().splitlines(), False
+        lines, fenced, shown = doc.read_text().splitlines(), False, False
         for i, line in enumerate(lines):
             if line.lstrip().startswith("```"):
-                fenced = not fenced
+                fenced, shown = not fenced, line.strip() == "```text"
                 continue
-            if not fenced or not (match := COMMAND.search(line)):
+            if not fenced or (shown and not line.startswith("$ ")) or not (match := COMMAND.search(line)):
                 continue
             text, j = match.group(2), i
             while text.rstrip().endswith("\\"):
