@@ -18,6 +18,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from swiftslurm import memory_plan
 from swiftslurm.config import open_dict_overrides, register_configs
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, to_config, wait_for
@@ -36,10 +37,11 @@ def run(cfg: DictConfig) -> int:
     config = to_config(cfg)
     plan = make_plan(config, PlanContext(cwd=Path.cwd()))
     run_dir = submit.prepare_run_dir(plan, OmegaConf.to_yaml(cfg))
-    if (warning := save_budget_warning(config, plan)) is not None:
-        print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
+    for warning in (save_budget_warning(config, plan), memory_plan.narrow_fit_warning(config)):
+        if warning is not None:
+            print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        print(dry_run_text(plan, run_dir))
+        print(f"{dry_run_text(plan, run_dir)}\n{memory_plan.memory_line(config)}")
         return 0
     if (skip := already_submitted(run_dir)) is not None:
         print(f"{plan.run_name}: {skip}", flush=True)
@@ -70,6 +72,7 @@ OPERATIONS = {
     "cancel": "swiftslurm.ops",
     "resume": "swiftslurm.ops",
     "preflight": "swiftslurm.preflight",
+    "advise": "swiftslurm.advise",
 }
 
 
