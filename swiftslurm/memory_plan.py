@@ -104,10 +104,10 @@ def options(cfg: Config, shape: ModelShape) -> list[Option]:
 
 def _candidate(base: Setup, changes: dict[str, Any]) -> Setup:
     reset = {"deepspeed": None, "quant_bits": None, "tp": 1, "pp": 1, "ep": 1, "cp": 1}
-    setup = memory.with_strategy(base, **(reset | changes))
+    setup = replace(base, **(reset | changes))
     model_parallel = setup.tp * setup.pp
     dp = base.world_size // model_parallel if setup.engine != "ddp" else 1
-    return memory.with_strategy(setup, data_parallel=max(dp, 1))
+    return replace(setup, data_parallel=max(dp, 1))
 
 
 def _describe(est: Estimate, gpu_gib: float | None) -> str:
