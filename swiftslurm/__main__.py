@@ -19,6 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from swiftslurm import memory_plan
 from swiftslurm.config import open_dict_overrides, register_configs
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, to_config, wait_for
@@ -41,10 +42,11 @@ def run(cfg: DictConfig) -> int:
     skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
     if skip is None:  # a run that is not submitted again keeps its run dir as it is
         submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), sbatch)
-    if (warning := save_budget_warning(config, plan)) is not None:
-        print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
+    for warning in (save_budget_warning(config, plan), memory_plan.narrow_fit_warning(config)):
+        if warning is not None:
+            print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        print(dry_run_text(plan, run_dir, skip))
+        print(f"{dry_run_text(plan, run_dir, skip)}\n{memory_plan.memory_line(config)}")
         return 0
     if skip is not None:
         print(f"{plan.run_name}: {skip}", flush=True)

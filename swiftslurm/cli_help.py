@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("swiftslurm.ops", "stop a run (or every point of a sweep dir) for good, saving the current step"),
     "resume": ("swiftslurm.ops", "submit a stopped run (or a sweep's unfinished points) again, from its checkpoint"),
     "preflight": ("swiftslurm.preflight", "run the pre-launch checks on a prepared run dir's allocation"),
+    "advise": ("swiftslurm.advise", "each strategy's estimated GPU memory for a run's settings, best first"),
 }
 HELP_FLAGS = ("-h", "--help")
 

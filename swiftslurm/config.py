@@ -87,6 +87,11 @@ class ClusterConfig:
     gpus_per_node: int = doc(0, "GPUs per node; 0 trains on the CPU.")
     cpu_procs_per_node: int = doc(1, "Training processes per node when `gpus_per_node` is 0.")
     gpu_type: str | None = doc(None, "GPU model for `--gpus-per-node=TYPE:N` (e.g. `a100`); null = any.")
+    gpu_memory_gib: float | None = doc(
+        None,
+        "Memory of one GPU, in GiB as nvidia-smi reports it (A100 80GB: 80); the plan's estimate must fit it "
+        "(docs/memory.md); null = not checked.",
+    )
     cpus_per_task: int | None = doc(None, "CPU cores per node for the job (`--cpus-per-task`); null = SLURM default.")
     mem_gb: int | None = doc(None, "Memory per node, in GiB (`--mem`); null = SLURM default.")
     partition: str | None = doc(None, "SLURM partition (`--partition`). Required on SLURM clusters.")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm import rundir, tiny, validate
+from swiftslurm import memory_plan, rundir, tiny, validate
 from swiftslurm.errors import ConfigError, NodeError
 from swiftslurm.node.engines.base import as_list
 from swiftslurm.node.engines.registry import engine_for
@@ -272,6 +272,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     validate.check_master_port(cfg.cluster.master_port_base, PORT_SPAN)
     swift_args = _swift_args(cfg, datasets, topology, parallel, batch, run_dir, ctx)
     validate.check_swift_args(cfg, swift_args)
+    memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
     return JobPlan(
         run_name=run_name,
         run_dir=str(run_dir),

@@ -1,0 +1,142 @@
+"""The memory planner (swiftslurm/memory.py, memory_plan.py): hand-computed cases, DeepSpeed's own estimate of
+the model states, the refusal of a plan that cannot fit, the narrow-fit warning and `swiftslurm advise`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import memory, memory_plan, tiny
+from swiftslurm.errors import ConfigError
+from swiftslurm.memory import GIB, ModelShape, Setup
+from tests.conftest import compose_config, plan_for
+
+QWEN3_1_6B = ModelShape.from_config(tiny.PRESETS["qwen3-1.6b"].model_config | {"vocab_size": 813})
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_parameter_count_of_the_1_6b_preset_by_hand() -> None:
+    layer = 2048 * (2 * 2048 + 2 * 1024) + 3 * 2048 * 6144 + 2 * 2048  # q,k,v,o + gate,up,down + two norms
+    assert QWEN3_1_6B.params() == 32 * layer + 813 * 2048 + 2048  # tied embedding, final norm
+
+
+@pytest.mark.parametrize(
+    "model", ["qwen2.5-7b-instruct", "qwen2.5-72b-instruct", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b"]
+)
+def test_shipped_shapes_give_the_conf_parameter_counts(model: str) -> None:
+    cfg = compose_config(f"model={model}")
+    shape = memory_plan.shape_of(cfg)
+    assert shape is not None and shape.params() / 1e9 == pytest.approx(cfg.model.params_b, rel=0.03)
+
+
+def test_ddp_full_fine_tune_keeps_bf16_weights_grads_and_adam_moments() -> None:
+    p = QWEN3_1_6B.params()
+    weights, grads, optim, _ = memory.model_states(QWEN3_1_6B, Setup(engine="ddp", full=True))
+    assert (weights, grads, optim) == (2 * p, 2 * p, 4 * p)
+
+
+def test_activations_by_hand_with_and_without_checkpointing() -> None:
+    tokens, s = 4 * 512, ModelShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=100)
+    per_layer = (16 * 64 + 8 * 128 + 10 * (64 + 32) + 12 * 64) * tokens  # LoRA
+    logits = tokens * 100 * 10
+    plain = Setup(engine="ddp", micro_batch=4, max_length=512, gradient_checkpointing=False)
+    assert memory.activations(s, plain) == 2 * per_layer + logits
+    checkpointed = Setup(engine="ddp", micro_batch=4, max_length=512)
+    assert memory.activations(s, checkpointed) == 2 * 2 * 64 * tokens + 1.5 * per_layer + logits
+
+
+@pytest.mark.parametrize("gpus", [1, 8, 64])
+def test_zero_model_states_agree_with_deepspeeds_estimate(gpus: int) -> None:
+    """DeepSpeed's estimators count model states only; ours add what was measured beyond them (fp32 gradient
+    partitions, step buffers): never less than DeepSpeed's, at most 25% more."""
+    stage12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    p, largest = QWEN3_1_6B.params(), QWEN3_1_6B.layer_params()
+    for preset, theirs in (
+        ("zero2", stage12.estimate_zero2_model_states_mem_needs(p, gpus, 1, cpu_offload=False)[1]),
+        ("zero3", stage3.estimate_zero3_model_states_mem_needs(p, largest, gpus, 1, cpu_offload=False)[1]),
+    ):
+        ours = sum(memory.model_states(QWEN3_1_6B, Setup("deepspeed", preset, full=True, data_parallel=gpus))[:3])
+        assert theirs <= ours <= 1.25 * theirs, (preset, ours / theirs)
+
+
+def test_a_plan_that_cannot_fit_is_refused_naming_what_fits() -> None:
+    with pytest.raises(ConfigError, match="cannot fit") as refused:
+        plan_for("+cluster=a100x8", "model=qwen2.5-72b-instruct", "strategy=zero2", "strategy.tuner_type=full")
+    assert "HINT: use strategy=zero3_offload" in str(refused.value)
+
+
+def test_a_narrow_fit_warns_and_a_roomy_one_does_not() -> None:
+    overrides = ("+cluster=a100x8", "model=qwen3-8b", "strategy=zero3", "strategy.tuner_type=full")
+    cfg = compose_config(*overrides)
+    need = memory_plan.plan_estimate(cfg, memory_plan.shape_of(cfg)).gib()  # type: ignore[arg-type]
+    assert memory_plan.narrow_fit_warning(cfg) is None
+    narrow = compose_config(*overrides, f"cluster.gpu_memory_gib={need / 0.95:.1f}")
+    plan_for(*overrides, f"cluster.gpu_memory_gib={need / 0.95:.1f}")  # fits: planned
+    assert "fits narrowly" in (memory_plan.narrow_fit_warning(narrow) or "")
+
+
+def test_cpu_plans_and_unknown_models_are_not_checked() -> None:
+    assert memory_plan.memory_line(compose_config()).startswith("memory   (CPU training")
+    plan_for("+cluster=a100x8", "model.id=org/unknown-model")  # no shape: no refusal
+    assert "no estimate" in memory_plan.memory_line(compose_config("+cluster=a100x8", "model.id=org/unknown"))
+
+
+def test_advise_lists_every_strategy_best_first(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swiftslurm",
+            "advise",
+            "+cluster=a100x8",
+            "model=qwen2.5-72b-instruct",
+            "strategy=zero2",
+            "strategy.tuner_type=full",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    head, *rows = done.stdout.strip().splitlines()
+    assert "72.7B parameters" in head and len(rows) >= 8
+    assert rows[0].split()[0] == "fits" and "strategy=zero3_offload" in rows[0]
+    sizes = [float(r.split()[1]) for r in rows if r.split()[0] == "no"]
+    assert sizes == sorted(sizes)
+    assert not (tmp_path / "runs").exists()  # advise plans and writes nothing
+
+
+def test_estimate_is_within_twelve_percent_of_the_h200_measurements() -> None:
+    """The calibration of docs/memory.md, recomputed: torch's peak allocated vs. the estimate less overhead, for
+    every strategy whose model states dominate (fitted runs and the held-out one)."""
+    import json
+    import re
+
+    cases = {
+        "ddp": {"full": True},
+        "lora": {},
+        "zero2": {"engine": "deepspeed", "deepspeed": "zero2", "full": True},
+        "zero3": {"engine": "deepspeed", "deepspeed": "zero3", "full": True},
+        "fsdp2": {"engine": "fsdp", "full": True},
+    }
+    checked = 0
+    for path in sorted((REPO / "bench" / "results").glob("gpu-memory-qwen3-*.json")):
+        report = json.loads(path.read_text())
+        shape = ModelShape.from_config(report["model_config"])
+        for r in (r for r in report["results"] if r["case"] in cases and r["ok"]):
+            rank = re.search(r"--lora_rank (\d+)", r["swift_argv"])
+            setup = Setup(
+                **({"engine": "ddp"} | cases[r["case"]]),
+                lora_rank=int(rank.group(1)) if rank else 8,
+                micro_batch=r["micro_batch"],
+                max_length=r["max_length"],
+            )
+            est = memory.estimate(shape, setup)
+            assert (est.total - est.overhead) / GIB == pytest.approx(r["allocated_gib"], rel=0.12), (path.name, r)
+            checked += 1
+    assert checked >= 25
