@@ -118,12 +118,11 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     assert record["committed_step"] == record["last_step"] >= 10  # it saved the step it was at
     assert status_json(run_dir)["runs"][0]["state"] == "cancelled"
 
-    # SLURM unreachable (no controller configuration): the run directory alone still answers, and says so.
-    offline = cli("status", str(run_dir), cwd=tmp_path, env={"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
-    assert offline.returncode == 0, offline.stderr
-    assert "cancelled" in offline.stdout and "SLURM unavailable" in offline.stdout, offline.stdout
-    report = status_json(run_dir, env={"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
-    assert report["slurm"]["available"] is False and report["runs"][0]["state"] == "cancelled"
+    # SLURM unreachable (no controller configuration): an ended run is answered from its run directory alone
+    # (status asks SLURM only about runs that have not ended).
+    offline_env = {"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
+    offline = cli("status", str(run_dir), cwd=tmp_path, env=offline_env)
+    assert offline.returncode == 0 and "cancelled" in offline.stdout, offline.stdout + offline.stderr
 
     # A cancelled run is not requeued by anything, but `resume` brings it back from its checkpoint.
     resumed = cli("resume", str(run_dir), cwd=tmp_path)
@@ -131,6 +130,11 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     new_job = re.search(r"resubmitted as job (\d+)", resumed.stdout)
     assert new_job is not None
     wait_until(lambda: len(attempts(run_dir)) == 2 or current_step(run_dir) > record["last_step"], 300, "resume")
+    # A run that has not ended needs SLURM's word: without it, the run directory still answers, and says so.
+    offline = cli("status", str(run_dir), cwd=tmp_path, env=offline_env)
+    assert offline.returncode == 0 and "SLURM unavailable" in offline.stdout, offline.stdout + offline.stderr
+    report = status_json(run_dir, env=offline_env)
+    assert report["slurm"]["available"] is False and report["runs"][0]["state"] != "cancelled", report
     subprocess.run(["scancel", new_job.group(1)], check=True)
     wait_until(lambda: len(attempts(run_dir)) == 2, 120, "the resumed attempt's record")
     assert attempts(run_dir)[-1]["resume_step"] == record["committed_step"]

@@ -135,6 +135,8 @@ def test_a_run_without_progress_is_killed_as_hung_and_retried_in_budget(tmp_path
     )
     assert wait_for_job(job) == "FAILED"
     records = attempts(run_dir)
-    assert [(a["reason"], a["decision"]) for a in records] == [("infra", "requeue"), ("infra", "stop")]
+    # Every node alive: the retry is a restart in place (same job), then "no progress" stops the run.
+    assert [(a["reason"], a["decision"]) for a in records] == [("infra", "restart"), ("infra", "stop")]
+    assert records[1]["attempt"] == f"{records[0]['attempt']}.i1" and "stopped: no progress" in records[1]["why"]
     assert all("no training step" in a["why"] for a in records), [a["why"] for a in records]
     assert status(run_dir)["state"] == "failed"
