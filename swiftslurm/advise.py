@@ -23,7 +23,7 @@ def main(args: list[str]) -> int:
     from swiftslurm.memory_plan import advise_table
 
     if any(a in ("-h", "--help") for a in args):
-        print(__doc__)
+        print(f"usage: python -m swiftslurm advise [KEY=VALUE ...]\n\n{__doc__}")
         return 0
     register_configs()
     if str(CHECKOUT) not in sys.path:  # the sweeper plugin named in conf/config.yaml lives beside conf/

@@ -63,14 +63,17 @@ def test_zero_model_states_agree_with_deepspeeds_estimate(gpus: int) -> None:
         assert theirs <= ours <= 1.25 * theirs, (preset, ours / theirs)
 
 
+DATA = "dataset=[AI-ModelScope/alpaca-gpt4-data-en]"  # a real model needs its dataset named
+
+
 def test_a_plan_that_cannot_fit_is_refused_naming_what_fits() -> None:
     with pytest.raises(ConfigError, match="cannot fit") as refused:
-        plan_for("+cluster=a100x8", "model=qwen2.5-72b-instruct", "strategy=zero2", "strategy.tuner_type=full")
+        plan_for("+cluster=a100x8", "model=qwen2.5-72b-instruct", DATA, "strategy=zero2", "strategy.tuner_type=full")
     assert "HINT: use strategy=zero3_offload" in str(refused.value)
 
 
 def test_a_narrow_fit_warns_and_a_roomy_one_does_not() -> None:
-    overrides = ("+cluster=a100x8", "model=qwen3-8b", "strategy=zero3", "strategy.tuner_type=full")
+    overrides = ("+cluster=a100x8", "model=qwen3-8b", DATA, "strategy=zero3", "strategy.tuner_type=full")
     cfg = compose_config(*overrides)
     need = memory_plan.plan_estimate(cfg, memory_plan.shape_of(cfg)).gib()  # type: ignore[arg-type]
     assert memory_plan.narrow_fit_warning(cfg) is None
@@ -81,7 +84,7 @@ def test_a_narrow_fit_warns_and_a_roomy_one_does_not() -> None:
 
 def test_cpu_plans_and_unknown_models_are_not_checked() -> None:
     assert memory_plan.memory_line(compose_config()).startswith("memory   (CPU training")
-    plan_for("+cluster=a100x8", "model.id=org/unknown-model")  # no shape: no refusal
+    plan_for("+cluster=a100x8", "model.id=org/unknown-model", DATA)  # no shape: no refusal
     assert "no estimate" in memory_plan.memory_line(compose_config("+cluster=a100x8", "model.id=org/unknown"))
 
 
