@@ -49,7 +49,7 @@ def note_in_log(log: Path, text: str) -> None:
 
 
 def write_status(run_dir: Path, state: str, **facts: Any) -> None:
-    """state: running | requeued | finished | failed | cancelled."""
+    """state: running | restarting | requeued | finished | failed | cancelled (what `status` shows: runs.STATES)."""
     write_json_atomic(run_dir / STATUS, {"state": state, "updated": round(time.time(), 3), **facts})
 
 
