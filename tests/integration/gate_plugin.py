@@ -2,7 +2,8 @@
 
 A test about two jobs in one run dir needs the first still training when the second starts, on any machine:
 the first waits at this step (its checkpoint of step 10 committed) until the test creates RUN_DIR/GATE_FILE.
-Bounded: after GATE_MAX_S it goes on by itself.
+Bounded: after GATE_MAX_S it goes on by itself. SWIFTSLURM_TEST_GATE_STEP (`+cluster.env.SWIFTSLURM_TEST_GATE_STEP=N`)
+holds at another step: a test that needs a resumed attempt still running holds it past its resume point.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
-GATE_STEP = 15
+GATE_STEP = int(os.environ.get("SWIFTSLURM_TEST_GATE_STEP", "15"))
 GATE_FILE = "gate.open"
 GATE_MAX_S = 900.0
 

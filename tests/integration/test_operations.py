@@ -41,6 +41,17 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float
     )
 
 
+GATE_PLUGIN = Path(__file__).resolve().parent / "gate_plugin.py"
+GATE_FILE = "gate.open"  # gate_plugin.GATE_FILE (importing it would import ms-swift here)
+GATE_STEP_ENV = "SWIFTSLURM_TEST_GATE_STEP"
+HELD_STEP = 200  # far past where the first attempt is cancelled (step 10 and a few more)
+
+
+def held_at_the_gate(run_dir: Path) -> bool:
+    logs = run_dir.glob("logs/*/node0.log")
+    return any(f"holding at step {HELD_STEP}" in log.read_text(errors="replace") for log in logs)
+
+
 def status_json(path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     done = cli("status", str(path), "--json", cwd=path.parent, env=env)
     assert done.returncode == 0, done.stderr
@@ -108,7 +119,11 @@ def test_an_array_sweep_is_one_sbatch_and_trains_every_point_to_the_end(tmp_path
 
 def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_path: Path, slurm_cluster: None):
     run_dir = tmp_path / "run"
-    job = submit(run_dir, "swift.max_steps=400", "swift.save_steps=50")
+    # The resumed attempt below must still run while SLURM is unreachable, on any machine: it holds at step
+    # HELD_STEP (gate_plugin) until the test opens the gate. The first attempt is cancelled long before that.
+    gate = (f"swift.external_plugins=[{GATE_PLUGIN}]", "swift.callbacks=[gate]")
+    held = f"+cluster.env.{GATE_STEP_ENV}={HELD_STEP}"
+    job = submit(run_dir, "swift.max_steps=400", "swift.save_steps=50", *gate, held)
     wait_until(lambda: current_step(run_dir) >= 10, 300, "training to start")
     cancelled = cli("cancel", str(run_dir), cwd=tmp_path)
     assert cancelled.returncode == 0 and f"cancelled job {job}; saved at step" in cancelled.stdout, cancelled.stderr
@@ -129,12 +144,14 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     assert resumed.returncode == 0 and "resubmitted as job" in resumed.stdout, resumed.stderr
     new_job = re.search(r"resubmitted as job (\d+)", resumed.stdout)
     assert new_job is not None
-    wait_until(lambda: len(attempts(run_dir)) == 2 or current_step(run_dir) > record["last_step"], 300, "resume")
+    wait_until(lambda: held_at_the_gate(run_dir) or len(attempts(run_dir)) == 2, 300, f"resumed, held at {HELD_STEP}")
+    assert len(attempts(run_dir)) == 1, attempts(run_dir)
     # A run that has not ended needs SLURM's word: without it, the run directory still answers, and says so.
     offline = cli("status", str(run_dir), cwd=tmp_path, env=offline_env)
     assert offline.returncode == 0 and "SLURM unavailable" in offline.stdout, offline.stdout + offline.stderr
     report = status_json(run_dir, env=offline_env)
     assert report["slurm"]["available"] is False and report["runs"][0]["state"] != "cancelled", report
+    (run_dir / GATE_FILE).touch()
     subprocess.run(["scancel", new_job.group(1)], check=True)
     wait_until(lambda: len(attempts(run_dir)) == 2, 120, "the resumed attempt's record")
     assert attempts(run_dir)[-1]["resume_step"] == record["committed_step"]
