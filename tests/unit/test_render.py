@@ -161,6 +161,8 @@ def test_sbatch_template_writes_into_the_run_dirs_log_not_the_submit_dir(tmp_pat
     bin_dir.mkdir()
     (bin_dir / "srun").write_text('#!/bin/bash\necho "srun ran $*"; echo "srun complains" >&2\n')
     (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "python3").write_text("#!/bin/bash\nexit 0\n")  # a Python that has swiftslurm
+    (bin_dir / "python3").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "77"}
     script = REPO / "sbatch" / "swiftslurm.sbatch"
     done = subprocess.run(["bash", str(script), str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -169,3 +171,24 @@ def test_sbatch_template_writes_into_the_run_dirs_log_not_the_submit_dir(tmp_pat
     assert done.stdout == f"swiftslurm.sbatch: the output of this job goes to {log}\n" and done.stderr == ""
     srun = f"srun ran --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered python3 -m swiftslurm.node {run_dir}"
     assert log.read_text() == f"{srun}\nsrun complains\n"
+
+
+def test_sbatch_template_with_a_python_that_lacks_swiftslurm_says_which_setting_to_fix(tmp_path: Path) -> None:
+    """Found in the issue-17 walkthrough: without SWIFTSLURM_PYTHON the template ran the system python3, and
+    every node died with `ModuleNotFoundError: No module named 'hostlist'`. Now it says what to set, in the run
+    dir's log, before srun starts anything."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan_file(run_dir).write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun ran"\n')
+    (bin_dir / "python3").write_text("#!/bin/bash\nexit 1\n")  # cannot import swiftslurm
+    for tool in ("srun", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "78"}
+    script = REPO / "sbatch" / "swiftslurm.sbatch"
+    done = subprocess.run(["bash", str(script), str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 2
+    said = slurm_log(logs_dir(run_dir), "78").read_text()
+    assert "python3 cannot import swiftslurm" in said and "SWIFTSLURM_PYTHON" in said and "srun ran" not in said
