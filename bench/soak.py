@@ -100,7 +100,7 @@ def plan_overrides(steps: int) -> tuple[str, ...]:
         "resilience.backoff_base_s=1",
         "resilience.max_consecutive_failures=50",
         "resilience.max_restarts=1000",
-        "resilience.max_preemptions=1000",
+        "resilience.max_attempts=1000",  # preemptions are never counted against it
     )
 
 
