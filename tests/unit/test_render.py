@@ -150,22 +150,28 @@ def test_your_callbacks_are_kept_and_graceful_exit_is_replaced_by_swiftslurm_sto
     assert "graceful_exit" not in argv
 
 
+def run_template(tmp_path: Path, run_dir: Path, job_id: str, srun: str, python_ok: bool) -> subprocess.CompletedProcess:
+    """sbatch/swiftslurm.sbatch run by bash with stand-ins for srun and for a `python3` that can (or cannot)
+    import swiftslurm."""
+    run_dir.mkdir()
+    plan_file(run_dir).write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/bash\n{srun}\n")
+    (bin_dir / "python3").write_text(f"#!/bin/bash\nexit {0 if python_ok else 1}\n")
+    for tool in ("srun", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": job_id}
+    script = REPO / "sbatch" / "swiftslurm.sbatch"
+    return subprocess.run(["bash", str(script), str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
 def test_sbatch_template_writes_into_the_run_dirs_log_not_the_submit_dir(tmp_path: Path) -> None:
     """Issue 17, item 5: `sbatch sbatch/swiftslurm.sbatch RUN_DIR` from anywhere: what the job prints (srun's and
     the wrapper's lines) goes to RUN_DIR/logs/slurm-<job id>.out, the file rundir.py names and `status`/`logs`
     read; the submit directory's output file gets only the pointer to it. srun is a stand-in printing its argv."""
     run_dir = tmp_path / "a'; echo run"
-    run_dir.mkdir()
-    plan_file(run_dir).write_text("{}")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun ran $*"; echo "srun complains" >&2\n')
-    (bin_dir / "srun").chmod(0o755)
-    (bin_dir / "python3").write_text("#!/bin/bash\nexit 0\n")  # a Python that has swiftslurm
-    (bin_dir / "python3").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "77"}
-    script = REPO / "sbatch" / "swiftslurm.sbatch"
-    done = subprocess.run(["bash", str(script), str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    done = run_template(tmp_path, run_dir, "77", 'echo "srun ran $*"; echo "srun complains" >&2', python_ok=True)
     assert done.returncode == 0, done.stderr
     log = slurm_log(logs_dir(run_dir), "77")
     assert done.stdout == f"swiftslurm.sbatch: the output of this job goes to {log}\n" and done.stderr == ""
@@ -178,17 +184,7 @@ def test_sbatch_template_with_a_python_that_lacks_swiftslurm_says_which_setting_
     every node died with `ModuleNotFoundError: No module named 'hostlist'`. Now it says what to set, in the run
     dir's log, before srun starts anything."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    plan_file(run_dir).write_text("{}")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun ran"\n')
-    (bin_dir / "python3").write_text("#!/bin/bash\nexit 1\n")  # cannot import swiftslurm
-    for tool in ("srun", "python3"):
-        (bin_dir / tool).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "78"}
-    script = REPO / "sbatch" / "swiftslurm.sbatch"
-    done = subprocess.run(["bash", str(script), str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    done = run_template(tmp_path, run_dir, "78", 'echo "srun ran"', python_ok=False)
     assert done.returncode == 2
     said = slurm_log(logs_dir(run_dir), "78").read_text()
     assert "python3 cannot import swiftslurm" in said and "SWIFTSLURM_PYTHON" in said and "srun ran" not in said
