@@ -97,7 +97,7 @@ def partition_size(partition: str | None) -> int:
 def partition_node_states(partition: str | None) -> dict[str, str]:
     """SLURM's state of each node of the partition (the cluster's default partition when None), as `sinfo %T`
     prints it ("idle", "mixed", "down*", "drained", ...)."""
-    rows = [line.split() for line in run(["sinfo", "-h", "-N", "-o", "%N %P %T"]).splitlines() if line.strip()]
+    rows = [row for line in run(["sinfo", "-h", "-N", "-o", "%N %P %T"]).splitlines() if len(row := line.split()) == 3]
     if partition is None:
         partition = next((p.rstrip("*") for _, p, _ in rows if p.endswith("*")), None)
     return {node: state for node, p, state in rows if p.rstrip("*") == partition}
