@@ -88,7 +88,7 @@ def test_only_a_requeue_gets_a_node_count(action: Action) -> None:
 
 
 def test_an_allocation_of_fewer_nodes_is_refused_without_min_nodes() -> None:
-    with pytest.raises(NodeError, match="plan.json was made for 3"):
+    with pytest.raises(NodeError, match=r"plan\.json was made for 3"):
         check_allocation(on(2), plan_for(*THREE))
 
 
@@ -141,7 +141,7 @@ def test_a_run_that_could_not_shrink_is_refused_at_plan_time(overrides: tuple[st
 
 
 def test_megatron_is_refused_with_the_reason() -> None:
-    with pytest.raises(ConfigError, match="megatron.*resilience.min_nodes out"):
+    with pytest.raises(ConfigError, match=r"megatron.*resilience\.min_nodes out"):
         plan_for(
             "+cluster=a100x16",
             "model=qwen3-8b",
