@@ -194,6 +194,13 @@ class ResilienceConfig:
     user_error_window_s: float = doc(
         300.0, "A Python error before any step within this many seconds of the start is a user error: no retry."
     )
+    min_nodes: int | None = doc(
+        None,
+        "Opt-in: after a node is lost and the partition has no healthy node to replace it, requeue on fewer "
+        "nodes, never below this many (the global batch stays: gradient accumulation grows); the next requeue "
+        "asks for `cluster.nodes` again when they are there. null = `cluster.nodes`: never shrink. See "
+        "docs/resilience.md, 'Resume on fewer nodes'.",
+    )
 
 
 @dataclass

@@ -110,6 +110,8 @@ class Resilience:
     hang_window_floor_s: float = 300.0
     user_error_window_s: float = 300.0
     signal_lead_s: int = 120
+    # Fewest nodes an attempt may run on (resilience.min_nodes); None: the planned count, never fewer.
+    min_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     swift_args = _swift_args(cfg, datasets, topology, parallel, batch, run_dir, ctx)
     validate.check_swift_args(cfg, swift_args)
     memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
+    validate.check_shrink(cfg, topology, parallel, batch, swift_args)
     return JobPlan(
         run_name=run_name,
         run_dir=str(run_dir),

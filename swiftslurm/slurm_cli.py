@@ -94,6 +94,15 @@ def partition_size(partition: str | None) -> int:
     return len({node for node, p in rows if p.rstrip("*") == partition})
 
 
+def partition_node_states(partition: str | None) -> dict[str, str]:
+    """SLURM's state of each node of the partition (the cluster's default partition when None), as `sinfo %T`
+    prints it ("idle", "mixed", "down*", "drained", ...)."""
+    rows = [row for line in run(["sinfo", "-h", "-N", "-o", "%N %P %T"]).splitlines() if len(row := line.split()) == 3]
+    if partition is None:
+        partition = next((p.rstrip("*") for _, p, _ in rows if p.endswith("*")), None)
+    return {node: state for node, p, state in rows if p.rstrip("*") == partition}
+
+
 def job_alive(job_id: str) -> bool:
     """Whether SLURM still holds this job: running, ending, or waiting to run (again, after a requeue).
     False once it has left the queue or SLURM never heard of it (job ids restart on a wiped cluster)."""

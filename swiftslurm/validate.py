@@ -5,6 +5,7 @@ Each check raises ConfigError with one message that names the value, the conflic
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
     from swiftslurm.config import Config
-    from swiftslurm.plan import Parallelism, Topology
+    from swiftslurm.plan import BatchPlan, Parallelism, Topology
 
 ENGINES = ("ddp", "deepspeed", "fsdp", "megatron")
 SCHEDULERS = ("local", "slurm")
@@ -508,3 +509,48 @@ def check_slurm_required(cfg: Config) -> None:
         raise ConfigError(
             f"cluster {cfg.cluster.name} has no partition. HINT: set cluster.partition=NAME (`sinfo -s` lists them)."
         )
+
+
+def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: BatchPlan, args: Mapping[str, Any]) -> None:
+    """`resilience.min_nodes` (opt-in resume on fewer nodes): a count between 1 and `cluster.nodes`, a global
+    batch every allowed node count divides into whole gradient-accumulation steps, a strategy whose
+    checkpoints load at a smaller world size (the engine adapter says), and a shape that fits memory."""
+    least = cfg.resilience.min_nodes
+    if least is None or least == topology.nodes:
+        return
+    check_positive("resilience.min_nodes", least)
+    if least > topology.nodes:
+        raise ConfigError(
+            f"resilience.min_nodes={least} is above cluster.nodes={topology.nodes}: a run never grows past the "
+            f"planned nodes. HINT: set resilience.min_nodes to at most {topology.nodes}, or leave it out."
+        )
+    from swiftslurm.node.engines.registry import engine_for  # the adapters import the node side
+
+    if (why := engine_for(cfg.task.launcher).reshard_refusal(args)) is not None:
+        raise ConfigError(why)
+    data_parallel = {n: n * topology.procs_per_node // par.model_parallel for n in range(least, topology.nodes + 1)}
+    _check_batch_divides(least, batch, data_parallel)
+    for nodes in range(least, topology.nodes):
+        if (why := shrunk_shape_refusal(cfg, nodes)) is not None:
+            raise ConfigError(why)
+
+
+def _check_batch_divides(least: int, batch: BatchPlan, data_parallel: Mapping[int, int]) -> None:
+    """Every allowed node count (-> its data-parallel size) keeps the global batch with whole accumulation."""
+    for nodes, size in data_parallel.items():
+        if batch.global_ % (batch.micro * size) == 0:
+            continue
+        dividing = math.lcm(*(batch.micro * d for d in data_parallel.values()))
+        raise ConfigError(
+            f"resilience.min_nodes={least}: on {nodes} node(s) the global batch of {batch.global_} is not a "
+            f"multiple of micro_batch_size × data-parallel size = {batch.micro} × {size}, so the run could not "
+            f"keep its global batch there. HINT: set global_batch_size to a multiple of {dividing}, or raise "
+            "resilience.min_nodes."
+        )
+
+
+def shrunk_shape_refusal(cfg: Config, nodes: int) -> str | None:
+    """Why the plan would not fit in GPU memory on ``nodes`` nodes (fewer than planned: ZeRO and FSDP shard
+    over fewer ranks, so each holds more), or None. The hook for the memory planner (issue 16, part 1); until
+    it is merged nothing is refused here."""
+    return None

@@ -22,7 +22,7 @@ from swiftslurm.node.lease import Lease, job_alive
 from swiftslurm.node.progress import tail
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.signals import SAVE_SIGNAL
-from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
+from swiftslurm.node.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, may_shrink
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, node_log, plan_file, preflight_report, resume_file
@@ -74,6 +74,8 @@ def conclude(
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     allocation = _allocation(attempt_dir(run_dir, attempt), hosts, reason, blamed, restarts)
     decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan), allocation)
+    if may_shrink(plan):
+        decision = _with_node_count(plan, decision)
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
         how = "swiftslurm cancel" if is_cancelled(run_dir) else "TERM/INT"
@@ -83,6 +85,8 @@ def conclude(
     record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
     record |= {"hang": observed.hang}
     record["phases"] = {name: round(at, 3) for name, at in (phases or {}).items()}
+    if may_shrink(plan):  # the node count of this attempt, and the one the next asks for
+        record |= {"nodes": attempt_nodes(where, plan), "next_nodes": decision.nodes}
     records.close_attempt(run_dir, record)
     records.write_status(
         run_dir,
@@ -296,14 +300,33 @@ def _allocation(
 
 def _spare_nodes(plan: JobPlan) -> int:
     """Nodes of the partition beyond those the job needs and those the cluster config excludes already: how
-    many hosts may be excluded without making the job unschedulable (0 when SLURM cannot say)."""
+    many hosts may be excluded without making the job unschedulable (0 when SLURM cannot say). A run that
+    may shrink needs only `resilience.min_nodes`."""
     partition = plan.slurm.partition if plan.slurm else None
     configured = configured_exclusions(plan)
     try:
         size = slurm_cli.partition_size(partition)
     except SwiftSlurmError:
         return 0
-    return size - len(configured) - plan.topology.nodes
+    needed = plan.resilience.min_nodes if may_shrink(plan) else plan.topology.nodes
+    return size - len(configured) - (needed or plan.topology.nodes)
+
+
+def _with_node_count(plan: JobPlan, decision: decide.Decision) -> decide.Decision:
+    """The decision with the node count a requeue asks for, from the partition's healthy nodes (SLURM does not
+    report them down or drained): busy nodes count, since they come free; a lost one does not."""
+    if decision.action is not decide.Action.REQUEUE:
+        return decision
+    partition = plan.slurm.partition if plan.slurm else None
+    try:
+        states = slurm_cli.partition_node_states(partition)
+        healthy: list[str] | None = [node for node, state in states.items() if not decide.node_down(state)]
+    except SwiftSlurmError as err:  # SLURM cannot say: ask for the planned count, as without min_nodes
+        print(f"[swiftslurm] could not read the partition's nodes, not shrinking: {err}", flush=True)
+        healthy = None
+    excluded = {*configured_exclusions(plan), *decision.exclude_hosts}
+    least = plan.resilience.min_nodes or plan.topology.nodes
+    return decide.with_node_count(decision, plan.topology.nodes, least, healthy, excluded)
 
 
 def _reached_last_step(plan: JobPlan) -> bool:

@@ -314,6 +314,38 @@ class Decision:
     why: str  # one line for humans: what happened and what happens next
     delay_s: float = 0
     exclude_hosts: tuple[str, ...] = ()
+    nodes: int | None = None  # the node count the requeued job asks for; None: leave the job's as it is
+
+
+def nodes_for_next(planned: int, min_nodes: int, usable: int | None) -> int:
+    """How many nodes the next attempt asks for when the run may shrink (`resilience.min_nodes`): the planned
+    count when the partition has that many usable nodes (back to full size as soon as they are there), else
+    as many as it has, never fewer than `min_nodes` (the job then waits for nodes to come back). `usable`:
+    the partition's nodes that SLURM does not report down or drained and the job does not exclude; None
+    (SLURM could not say): the planned count, as without `min_nodes`."""
+    if usable is None:
+        return planned
+    return max(min_nodes, min(planned, usable))
+
+
+def with_node_count(
+    decision: Decision, planned: int, min_nodes: int, healthy: Iterable[str] | None, excluded: Iterable[str]
+) -> Decision:
+    """A requeue with the node count its next attempt asks for (see `nodes_for_next`). `healthy`: the
+    partition's nodes SLURM does not report down or drained (None: unknown); `excluded`: the hosts the job
+    avoids (the cluster config's and the decision's). Other actions stand as they are."""
+    if decision.action is not Action.REQUEUE:
+        return decision
+    usable = None if healthy is None else len(set(healthy) - set(excluded))
+    nodes = nodes_for_next(planned, min_nodes, usable)
+    if nodes == planned:
+        return replace(decision, nodes=nodes)
+    shape = (
+        f"on {nodes} of {planned} nodes: the partition has {usable} usable (resilience.min_nodes={min_nodes}"
+        f"{', so it waits for nodes to come back' if usable is not None and usable < nodes else ''}); the global "
+        f"batch stays, gradient accumulation grows; the next requeue asks for {planned} again"
+    )
+    return replace(decision, nodes=nodes, why=f"{decision.why}; {shape}")
 
 
 # What a stop signal alone makes of an attempt; under a cancel, that signal is the cancel's own (it sends USR2 so

@@ -40,6 +40,8 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
     updates = _updates(plan, decision)
     if updates:
         slurm_cli.run(["scontrol", "update", f"JobId={job}", *updates])
+    if decision.nodes is not None:
+        _set_node_count(job, decision.nodes)
     if not _excluded(plan, decision):  # clear exclusions that expired (ExcNodeList stays on a requeued job)
         try:
             slurm_cli.run(["scontrol", "update", f"JobId={job}", "ExcNodeList="])
@@ -47,6 +49,16 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
             print(f"[swiftslurm] could not clear the job's excluded nodes: {err}", flush=True)
     print(f"[swiftslurm] job {job} requeued: this attempt ends now", flush=True)
     raise Requeued(job)
+
+
+def _set_node_count(job: str, nodes: int) -> None:
+    """Ask for exactly ``nodes`` nodes, one task each (a run that may shrink: decide.with_node_count). A
+    range ("2-2") because a bare count may leave the job's old maximum in place. On failure the job keeps the
+    node count it had: it still runs once that many nodes are there."""
+    try:
+        slurm_cli.run(["scontrol", "update", f"JobId={job}", f"NumNodes={nodes}-{nodes}", f"NumTasks={nodes}"])
+    except SwiftSlurmError as err:
+        print(f"[swiftslurm] could not set the job's node count to {nodes}: {err}", flush=True)
 
 
 def _updates(plan: JobPlan, decision: decide.Decision) -> list[str]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from swiftslurm.errors import NodeError
 from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.plan import PORT_SPAN, JobPlan
+from swiftslurm.plan import PORT_SPAN, BatchPlan, JobPlan
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -74,9 +74,34 @@ def master_port(job_id: str | None, base: int) -> int:
     return base + number % PORT_SPAN
 
 
+def may_shrink(plan: JobPlan) -> bool:
+    """Whether the run may resume on fewer nodes than planned (`resilience.min_nodes`, opt-in)."""
+    least = plan.resilience.min_nodes
+    return least is not None and least < plan.topology.nodes
+
+
+def attempt_nodes(where: SlurmEnv, plan: JobPlan) -> int:
+    """The nodes this attempt trains on: SLURM's allocation when the run may shrink, else the planned count
+    (which `check_allocation` makes the allocation's)."""
+    return where.num_nodes if may_shrink(plan) and where.in_slurm else plan.topology.nodes
+
+
+def attempt_batch(where: SlurmEnv, plan: JobPlan) -> BatchPlan:
+    """The batch of this attempt: the planned global batch over this allocation's data-parallel ranks, with
+    the gradient accumulation that keeps it (the plan refused global batches this does not divide)."""
+    batch = plan.batch
+    data_parallel = attempt_nodes(where, plan) * plan.topology.procs_per_node // plan.parallel.model_parallel
+    if data_parallel == batch.data_parallel:
+        return batch
+    return BatchPlan(batch.micro, batch.global_ // (batch.micro * data_parallel), data_parallel)
+
+
 def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
-    """The allocation must be the one planned: one task per node, the planned node count."""
-    if where.num_nodes != plan.topology.nodes:
+    """The allocation must be the one planned: one task per node, the planned node count (or, when the run
+    may shrink, between `resilience.min_nodes` and it)."""
+    if may_shrink(plan):
+        _check_shrunk_allocation(where, plan)
+    elif where.num_nodes != plan.topology.nodes:
         raise NodeError(
             f"The job has {where.num_nodes} node(s) but plan.json was made for {plan.topology.nodes}. "
             f"HINT: submit with --nodes={plan.topology.nodes}, or re-plan with cluster.nodes={where.num_nodes}."
@@ -88,16 +113,27 @@ def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
         )
 
 
+def _check_shrunk_allocation(where: SlurmEnv, plan: JobPlan) -> None:
+    least, planned = plan.resilience.min_nodes, plan.topology.nodes
+    if not least or least <= where.num_nodes <= planned:
+        return
+    raise NodeError(
+        f"The job has {where.num_nodes} node(s) but plan.json allows {least} to {planned} "
+        f"(resilience.min_nodes={least}, cluster.nodes={planned}). HINT: `scontrol update JobId={where.job_id} "
+        f"NumNodes={planned}` while it is pending, or re-plan with cluster.nodes={where.num_nodes}."
+    )
+
+
 def rank_env(where: SlurmEnv, plan: JobPlan) -> dict[str, str]:
     """The variables `swift`/`megatron` read to start torchrun on this node (none for one process)."""
-    topo = plan.topology
-    one_process = topo.nodes == 1 and topo.procs_per_node == 1
+    topo, nodes = plan.topology, attempt_nodes(where, plan)
+    one_process = nodes == 1 and topo.procs_per_node == 1
     if one_process and not engine_for(plan.launcher).needs_torchrun_for_one_process(plan.swift_argv):
         return {}  # a single process: ms-swift runs without torchrun
     env = {"NPROC_PER_NODE": str(topo.procs_per_node)}
-    if topo.nodes > 1 or where.in_slurm:
+    if nodes > 1 or where.in_slurm:
         env |= {
-            "NNODES": str(topo.nodes),
+            "NNODES": str(nodes),
             "NODE_RANK": str(where.node_id),
             "MASTER_ADDR": where.hosts[0] if where.hosts else "127.0.0.1",
         }

@@ -22,7 +22,7 @@ from swiftslurm.node.launch import Trainer
 from swiftslurm.node.lease import TOKEN_ENV
 from swiftslurm.node.progress import LineFollower, ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv, rank_env
+from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, attempt_nodes, rank_env
 from swiftslurm.node.timeline import TIMELINE_ENV
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
@@ -92,6 +92,8 @@ def train(
     uploader."""
     engine = engine_for(plan.launcher)
     extra = engine.resume_args(resume.checkpoint, plan.swift_argv) if resume.checkpoint else ()
+    if (batch := attempt_batch(where, plan)) != plan.batch:  # fewer nodes than planned: the same global batch
+        extra = (*extra, *engine.reshaped_args(batch))
     log_path = node_log_path(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
@@ -202,7 +204,8 @@ class _Watcher:
         stacks.ask(self.attempt_dir, self.hang)
         self.dumped = True
         stacks.dump_ranks(self.trainer.pid)
-        missing = stacks.wait_for_stacks(self.attempt_dir, range(self.plan.topology.world_size))
+        ranks = attempt_nodes(self.where, self.plan) * self.plan.topology.procs_per_node  # this attempt's
+        missing = stacks.wait_for_stacks(self.attempt_dir, range(ranks))
         return {"stacks": str(stacks_dir(self.attempt_dir)), "stacks_missing": missing}
 
     def kill_if_save_overdue(self, now: float) -> None:

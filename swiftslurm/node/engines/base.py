@@ -99,6 +99,11 @@ class Engine:
         """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can)."""
         return None
 
+    def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
+        """Why a checkpoint of these arguments cannot be resumed at a smaller world size, so the run may not
+        shrink (`resilience.min_nodes`); None: it can. Full replicas (DDP, LoRA) load at any world size."""
+        return None
+
     def resume_form(self) -> str:
         """How a resume is expressed, for people (the dry run)."""
         return " ".join(self.resume_args(Path("CKPT"), ()))
@@ -115,6 +120,11 @@ class Engine:
         ]
 
     # -- node side ----------------------------------------------------------------------------------
+    def reshaped_args(self, batch: BatchPlan) -> tuple[str, ...]:
+        """Arguments appended to the planned ones (ms-swift's parser keeps the last) to train with ``batch``
+        instead: an attempt on fewer nodes than planned (slurm_env.attempt_batch)."""
+        return tuple(word for name, value in self.batch_args(batch).items() for word in (f"--{name}", str(value)))
+
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         raise NotImplementedError
 

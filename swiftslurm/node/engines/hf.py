@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,19 @@ class HfTrainerEngine(Engine):
         # MPI (mpi_discovery): on a SLURM node with mpi4py and an Open MPI built without PMI, MPI_Init aborts
         # the process (seen on an H200 node with ZeRO-3 on one GPU). torchrun with one process sets them.
         return "--deepspeed" in swift_argv
+
+    def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
+        # FSDP2 saves a torch distributed checkpoint, which reshards on load. DeepSpeed's ZeRO checkpoints hold
+        # one optimizer shard per data-parallel rank; loading them at another world size needs DeepSpeed's
+        # universal checkpoint (ds_to_universal + checkpoint.load_universal), which swiftslurm does not drive yet.
+        if args.get("deepspeed"):
+            return (
+                f"resilience.min_nodes with DeepSpeed (deepspeed={args['deepspeed']}): a ZeRO checkpoint holds one "
+                "optimizer shard per data-parallel rank and swiftslurm cannot yet reshard it for fewer nodes "
+                "(DeepSpeed's universal checkpoint). HINT: use strategy=ddp, LoRA or strategy=fsdp2, or leave "
+                "resilience.min_nodes out."
+            )
+        return None
 
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         return ("--resume_from_checkpoint", str(checkpoint))

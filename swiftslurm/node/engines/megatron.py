@@ -74,6 +74,14 @@ class MegatronEngine(Engine):
             )
         return None
 
+    def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
+        return (
+            "resilience.min_nodes with `megatron`: swiftslurm has not shown that Megatron's distributed checkpoint "
+            "(distributed optimizer, tp/pp/ep layout) resumes at a smaller data-parallel size, with the same "
+            "global batch and data position. HINT: leave resilience.min_nodes out (a lost node is then excluded "
+            "and the run waits for the planned node count)."
+        )
+
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         # LoRA checkpoints hold the adapter (peft format): the base model still comes from --model.
         lora = (argv_value(swift_argv, "tuner_type") or "full") != "full"

@@ -1,0 +1,139 @@
+"""Resume on fewer nodes (`resilience.min_nodes=2`) on the real local SLURM cluster (three slurmd nodes,
+scripts/slurm-local.sh), with real ms-swift: a 3-node run loses a node for good mid-run, resumes on the other
+two from its newest committed checkpoint with the same global batch (gradient accumulation 2 -> 3), and
+finishes; its losses are compared with an uninterrupted 3-node run of the same plan.
+
+Tolerances, and why: the tiny model's per-step loss (logged every 5 steps) is noisy, and ms-swift's sampler
+draws its permutation over `len(dataset) // world_size * world_size` samples, so with the 400-sample tiny
+dataset the 2-node order after the resume is not the 3-node one (400 is not a multiple of 3). The same
+global batch, learning-rate schedule and step count must still land where the uninterrupted run does:
+- FINAL_TOLERANCE: the mean loss of the last LAST_LOGS logged steps within 15 % of the uninterrupted run's.
+- JUMP_TOLERANCE: the first LAST_LOGS losses after the resume within 25 % of the uninterrupted run's at the
+  same steps (a restart from scratch, or a reset learning-rate schedule, is several times that).
+
+Not run in the session that wrote it (the lead runs it after merging): see docs/resilience.md.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from swiftslurm.node.records import read_attempts, read_status
+from tests.integration.test_faults import (
+    FAST_RETRIES,
+    attempt_ids,
+    cancel_if_active,
+    cluster_state_dir,
+    exec_line,
+    job_hosts,
+    lose_node,
+    node_log,
+    restore_node,
+    submit,
+    wait_for_run_end,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 300
+SAVE_STEPS = 20
+LAST_LOGS = 5
+FINAL_TOLERANCE = 0.15
+JUMP_TOLERANCE = 0.25
+LOSS_LINE = re.compile(r"'loss': '([\d.]+)'.*?'global_step/max_steps': '(\d+)/\d+'")
+SHRINKING = (
+    "cluster.nodes=3",
+    "global_batch_size=6",  # micro 1 × 3 ranks × accumulation 2; on 2 nodes: × 2 ranks × 3
+    "resilience.min_nodes=2",
+    f"swift.max_steps={STEPS}",
+    f"swift.save_steps={SAVE_STEPS}",
+    *FAST_RETRIES,
+)
+STRATEGIES = [
+    "strategy=ddp",
+    pytest.param(
+        "strategy=zero2",
+        marks=pytest.mark.skip(reason="ZeRO checkpoints are not resharded yet: the plan refuses min_nodes"),
+    ),
+]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss, as node 0 logged them, over every attempt (a later attempt's log wins for a step)."""
+    found: dict[int, float] = {}
+    for attempt in attempt_ids(run_dir):
+        for loss, step in LOSS_LINE.findall(node_log(run_dir, attempt, 0)):
+            found[int(step)] = float(loss)
+    return found
+
+
+def mean_at(curve: dict[int, float], steps: list[int]) -> float:
+    return statistics.fmean(curve[s] for s in steps)
+
+
+def run_uninterrupted(tmp_path: Path, strategy: str) -> dict[int, float]:
+    run_dir = tmp_path / "whole"
+    job = submit(run_dir, strategy, *SHRINKING)
+    try:
+        assert wait_for_run_end(run_dir, job, timeout_s=1800) == "COMPLETED", read_status(run_dir)
+    finally:
+        cancel_if_active(job)
+    return losses(run_dir)
+
+
+def lose_a_node_for_good(run_dir: Path, job: str) -> tuple[str, str]:
+    """Once the first attempt has committed a checkpoint, lose its last node (never node 0, whose wrapper
+    decides); return (the lost node, the attempt it ran)."""
+    first = wait_until(lambda: next(iter(attempt_ids(run_dir)), None), 600, "the first attempt")
+    wait_until(lambda: (run_dir / "output" / f"checkpoint-{SAVE_STEPS}").is_dir(), 900, "a first checkpoint")
+    hosts = job_hosts(job)
+    assert len(hosts) == 3, hosts
+    lose_node(hosts[2])
+    return hosts[2], first
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
+    tmp_path: Path, slurm_cluster: None, strategy: str
+) -> None:
+    whole = run_uninterrupted(tmp_path, strategy)
+    run_dir = tmp_path / "shrunk"
+    job = submit(run_dir, strategy, *SHRINKING)
+    lost: str | None = None
+    try:
+        lost, victim = lose_a_node_for_good(run_dir, job)
+        state = wait_for_run_end(run_dir, job, timeout_s=1800)  # the node stays lost until the run ended
+    finally:
+        cancel_if_active(job)
+        if lost is not None:
+            restore_node(lost, cluster_state_dir())
+    records = read_attempts(run_dir)
+    for record in records:
+        print({k: record.get(k) for k in ("attempt", "hosts", "nodes", "next_nodes", "reason", "decision", "why")})
+    assert state == "COMPLETED" and (read_status(run_dir) or {}).get("state") == "finished", records
+    ids = [r["attempt"] for r in records]
+    hit, later = records[ids.index(victim)], records[ids.index(victim) + 1 :]
+    assert (hit["nodes"], hit["next_nodes"]) == (3, 2), hit
+    assert later and later[-1]["decision"] == "done", later
+    for record in later:
+        assert record["nodes"] == 2 and lost not in record["hosts"], record
+    resumed = later[0]["attempt"]
+    command = exec_line(run_dir, resumed, 0) or ""
+    assert "--resume_from_checkpoint" in command and command.endswith("--gradient_accumulation_steps 3"), command
+    assert_losses_continue(whole, losses(run_dir), int(later[0]["resume_step"]))
+
+
+def assert_losses_continue(whole: dict[int, float], shrunk: dict[int, float], resume_step: int) -> None:
+    after = sorted(s for s in shrunk if s > resume_step)[:LAST_LOGS]
+    last = sorted(whole)[-LAST_LOGS:]
+    assert after and all(s in whole for s in after), (after, sorted(whole))
+    jump = abs(mean_at(shrunk, after) - mean_at(whole, after)) / mean_at(whole, after)
+    final = abs(mean_at(shrunk, last) - mean_at(whole, last)) / mean_at(whole, last)
+    print(f"after the resume at {resume_step}: {jump:.1%} from the uninterrupted run; at the end: {final:.1%}")
+    assert jump <= JUMP_TOLERANCE, ({s: shrunk[s] for s in after}, {s: whole[s] for s in after})
+    assert final <= FINAL_TOLERANCE, ({s: shrunk[s] for s in last}, {s: whole[s] for s in last})

@@ -1,0 +1,245 @@
+"""Resume on fewer nodes (`resilience.min_nodes`, opt-in): the node count a requeue asks for (pure), the ranks
+and gradient accumulation of an attempt on fewer nodes, the plan-time refusals, and the leader's requeue with
+SLURM faked at its one seam (slurm_cli.run). The run on the real cluster is tests/integration/test_shrink.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from swiftslurm import slurm_cli
+from swiftslurm.errors import ConfigError, NodeError, SubmitError
+from swiftslurm.node import conclude as conclude_mod
+from swiftslurm.node import records
+from swiftslurm.node import requeue as requeue_mod
+from swiftslurm.node.ckpt.checkpoint import ResumePoint
+from swiftslurm.node.decide import Action, Decision, Reason, nodes_for_next, with_node_count
+from swiftslurm.node.engines.registry import engine_for
+from swiftslurm.node.progress import ProgressWatch
+from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, check_allocation, rank_env
+from swiftslurm.node.watch import Observed
+from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import ATTEMPTS, attempt_dir, node_log
+from tests.conftest import plan_for
+
+THREE = ("+cluster=local-slurm", "cluster.nodes=3", "global_batch_size=6")
+SHRINKS = (*THREE, "resilience.min_nodes=2")
+DATASET = "dataset=[AI-ModelScope/alpaca-gpt4-data-en]"  # a real model needs one
+
+
+def on(nodes: int, node_id: int = 0) -> SlurmEnv:
+    hosts = tuple(f"n{i}" for i in range(nodes))
+    return SlurmEnv(job_id="77", hosts=hosts, node_id=node_id, num_nodes=nodes, proc_id=node_id, num_tasks=nodes)
+
+
+# --- the decision (pure) ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("planned", "least", "usable", "nodes"),
+    [
+        (3, 2, 3, 3),  # a replacement is there: the full count
+        (3, 2, 5, 3),  # never more than planned
+        (3, 2, 2, 2),  # one lost, none to replace it: shrink
+        (3, 2, 1, 2),  # never below min_nodes: the job waits for nodes to come back
+        (4, 1, 0, 1),
+        (3, 2, None, 3),  # SLURM could not say: as without min_nodes
+    ],
+)
+def test_the_next_attempt_asks_for_the_usable_nodes_between_min_nodes_and_the_plan(
+    planned: int, least: int, usable: int | None, nodes: int
+) -> None:
+    assert nodes_for_next(planned, least, usable) == nodes
+
+
+def requeue(why: str = "lost n2") -> Decision:
+    return Decision(Action.REQUEUE, Reason.INFRA, why, 30, ("n2",))
+
+
+def test_a_lost_node_without_replacement_shrinks_the_requeue_and_says_so() -> None:
+    shrunk = with_node_count(requeue(), 3, 2, healthy=["n0", "n1", "n2"], excluded=["n2"])
+    assert shrunk.nodes == 2 and shrunk.exclude_hosts == ("n2",) and shrunk.delay_s == 30
+    assert "on 2 of 3 nodes" in shrunk.why and "resilience.min_nodes=2" in shrunk.why
+    assert shrunk.why.startswith("lost n2; ")
+
+
+def test_back_to_the_full_count_when_the_partition_has_it_again() -> None:
+    full = with_node_count(requeue(), 3, 2, healthy=["n0", "n1", "n2", "n3"], excluded=["n2"])
+    assert full.nodes == 3 and full.why == "lost n2"
+
+
+def test_too_few_nodes_left_waits_at_min_nodes() -> None:
+    waiting = with_node_count(requeue(), 3, 2, healthy=["n0"], excluded=[])
+    assert waiting.nodes == 2 and "waits for nodes to come back" in waiting.why
+
+
+@pytest.mark.parametrize("action", [Action.DONE, Action.STOP, Action.RESTART])
+def test_only_a_requeue_gets_a_node_count(action: Action) -> None:
+    decision = Decision(action, Reason.INFRA, "x")
+    assert with_node_count(decision, 3, 2, healthy=["n0"], excluded=[]) is decision
+
+
+# --- the node side: ranks and batch from the allocation ---------------------------------------------------------
+
+
+def test_an_allocation_of_fewer_nodes_is_refused_without_min_nodes() -> None:
+    with pytest.raises(NodeError, match=r"plan\.json was made for 3"):
+        check_allocation(on(2), plan_for(*THREE))
+
+
+def test_an_allocation_between_min_nodes_and_the_plan_is_accepted() -> None:
+    plan = plan_for(*SHRINKS)
+    check_allocation(on(2), plan)
+    check_allocation(on(3), plan)
+    with pytest.raises(NodeError, match="allows 2 to 3"):
+        check_allocation(on(1), plan)
+
+
+def test_ranks_come_from_the_allocation_and_the_global_batch_stays() -> None:
+    plan = plan_for(*SHRINKS)
+    assert (plan.batch.grad_accum, plan.batch.data_parallel) == (2, 3)
+    env = rank_env(on(2, node_id=1), plan)
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "1")
+    batch = attempt_batch(on(2), plan)
+    assert (batch.micro, batch.grad_accum, batch.data_parallel, batch.global_) == (1, 3, 2, 6)
+    assert attempt_batch(on(3), plan) is plan.batch
+    assert engine_for(plan.launcher).reshaped_args(batch) == (
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "3",
+    )
+
+
+def test_without_min_nodes_ranks_and_batch_are_the_plans() -> None:
+    plan = plan_for(*THREE)
+    assert rank_env(on(3), plan)["NNODES"] == "3" and attempt_batch(on(3), plan) is plan.batch
+
+
+# --- plan-time refusals ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("resilience.min_nodes=4",), r"min_nodes=4 is above cluster.nodes=3"),
+        (("resilience.min_nodes=0",), r"resilience.min_nodes=0 must be at least 1"),
+        # 6 samples over 3, 2 and 1 ranks divide; 3 nodes × micro 2 = 6 does not divide over 2 ranks × 2 = 4.
+        (("global_batch_size=6", "micro_batch_size=2", "resilience.min_nodes=2"), r"multiple of 12"),
+        (("global_batch_size=null", "resilience.min_nodes=2"), r"on 2 node\(s\) the global batch of 3"),
+        (("strategy=zero2", "resilience.min_nodes=2"), r"DeepSpeed.*universal checkpoint.*strategy=ddp"),
+    ],
+)
+def test_a_run_that_could_not_shrink_is_refused_at_plan_time(overrides: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan_for(*THREE, *overrides)
+
+
+def test_megatron_is_refused_with_the_reason() -> None:
+    with pytest.raises(ConfigError, match=r"megatron.*resilience\.min_nodes out"):
+        plan_for(
+            "+cluster=a100x16",
+            "model=qwen3-8b",
+            "strategy=megatron",
+            "task=megatron_sft",
+            "resilience.min_nodes=1",
+            DATASET,
+        )
+
+
+def test_full_replicas_and_fsdp2_may_shrink() -> None:
+    assert plan_for(*THREE, "strategy=ddp", "resilience.min_nodes=1").resilience.min_nodes == 1
+    fsdp2 = ("+cluster=a100x16", "model=qwen3-8b", "strategy=fsdp2", "resilience.min_nodes=1", DATASET)
+    assert plan_for(*fsdp2).resilience.min_nodes == 1
+
+
+# --- the leader: the requeue asks SLURM for the node count -----------------------------------------------------
+
+
+class Partition:
+    """slurm_cli.run as SLURM answers it: `sinfo` lists the partition's nodes with their states."""
+
+    def __init__(self, states: dict[str, str]) -> None:
+        self.states = states
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: list[str]) -> str:
+        self.calls.append(argv)
+        if argv[0] == "sinfo" and "%T" in argv[-1]:
+            return "".join(f"{node} debug* {state}\n" for node, state in self.states.items())
+        if argv[0] == "sinfo":
+            return "".join(f"{node} debug*\n" for node in self.states)
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return "".join(f"NodeName={h} State={self.states[h].upper()}\n" for h in argv[4].split(","))
+        if argv[:2] == ["scontrol", "update"] or argv[:2] == ["scontrol", "requeue"]:
+            return ""
+        raise SubmitError(f"`{' '.join(argv)}` failed")
+
+
+def shrink_plan(tmp_path: Path, *overrides: str) -> JobPlan:
+    return replace(plan_for(*SHRINKS, *overrides), run_dir=str(tmp_path / "run"))
+
+
+def conclude_lost(tmp_path: Path, plan: JobPlan, monkeypatch: pytest.MonkeyPatch, states: dict[str, str]) -> Decision:
+    """Node 0 concluding an attempt on n0..n2 in which n2 wrote no result (its trainer's peers failed)."""
+    fake = Partition(states)
+    monkeypatch.setattr(slurm_cli, "run", fake.run)
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    monkeypatch.setattr(conclude_mod, "SILENT_HOST_WAIT_S", 0.0)
+    run_dir = Path(plan.run_dir)
+    here = attempt_dir(run_dir, "77.0")
+    here.mkdir(parents=True)
+    plan.output_dir.mkdir()
+    for node in (0, 1):
+        records.write_node_result(here, node, f"n{node}", 1)
+    watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
+    observed = Observed(1, [], False, watch, time.time() - 3600)
+    return conclude_mod.conclude(plan, on(3), run_dir, "77.0", ResumePoint(None, 0), observed)
+
+
+def test_a_node_lost_for_good_requeues_on_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = shrink_plan(tmp_path)
+    decision = conclude_lost(tmp_path, plan, monkeypatch, {"n0": "mixed", "n1": "idle", "n2": "down*"})
+    assert (decision.action, decision.nodes) == (Action.REQUEUE, 2), decision
+    record = json.loads((tmp_path / "run" / ATTEMPTS).read_text().splitlines()[-1])
+    assert (record["nodes"], record["next_nodes"], record["failed_host"]) == (3, 2, "n2")
+
+
+def test_a_lost_node_with_a_spare_keeps_the_full_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = shrink_plan(tmp_path)
+    states = {"n0": "mixed", "n1": "idle", "n2": "down*", "n3": "allocated"}  # n3 is busy, not lost
+    decision = conclude_lost(tmp_path, plan, monkeypatch, states)
+    assert (decision.action, decision.nodes) == (Action.REQUEUE, 3), decision
+
+
+def test_without_min_nodes_the_requeue_leaves_the_node_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = replace(plan_for(*THREE), run_dir=str(tmp_path / "run"))
+    decision = conclude_lost(tmp_path, plan, monkeypatch, {"n0": "mixed", "n1": "idle", "n2": "down*"})
+    assert decision.action is Action.REQUEUE and decision.nodes is None
+    record = json.loads((tmp_path / "run" / ATTEMPTS).read_text().splitlines()[-1])
+    assert "nodes" not in record and "next_nodes" not in record
+
+
+def test_the_requeue_sets_the_jobs_node_count_and_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = Partition({})
+    monkeypatch.setattr(slurm_cli, "run", fake.run)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    decision = replace(requeue(), nodes=2)
+    with pytest.raises(requeue_mod.Requeued):
+        requeue_mod.requeue(on(3), shrink_plan(tmp_path), decision)
+    assert ["scontrol", "update", "JobId=77", "NumNodes=2-2", "NumTasks=2"] in fake.calls
+
+
+def test_a_requeue_without_a_node_count_does_not_touch_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = Partition({})
+    monkeypatch.setattr(slurm_cli, "run", fake.run)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    with pytest.raises(requeue_mod.Requeued):
+        requeue_mod.requeue(on(3), shrink_plan(tmp_path), requeue())
+    assert not any("NumNodes" in word for argv in fake.calls for word in argv)
