@@ -46,7 +46,12 @@ def run(cfg: DictConfig) -> int:
         if warning is not None:
             print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        print(f"{dry_run_text(plan, run_dir, skip)}\n{memory_plan.memory_line(config)}")
+        report = (
+            dry_run_text(plan, run_dir, skip),
+            memory_plan.memory_line(config),
+            memory_plan.shrink_line(config, plan),
+        )
+        print("\n".join(line for line in report if line))  # the shrink line only for a run that may shrink
         return 0
     if skip is not None:
         print(f"{plan.run_name}: {skip}", flush=True)

@@ -16,6 +16,7 @@ from swiftslurm.memory import GIB, Estimate, ModelShape, Setup
 
 if TYPE_CHECKING:
     from swiftslurm.config import Config
+    from swiftslurm.plan import JobPlan
 
 # Strategies `advise` compares, fastest first when several fit (fewer collectives, no CPU round trips).
 CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -51,8 +52,10 @@ def _flag(value: Any) -> bool:
     return str(value).lower() not in ("false", "0", "no")
 
 
-def setup_of(cfg: Config) -> Setup:
-    s, world = cfg.strategy, cfg.cluster.nodes * max(cfg.cluster.gpus_per_node, 1)
+def setup_of(cfg: Config, nodes: int | None = None) -> Setup:
+    """The plan's setup; on ``nodes`` nodes instead of `cluster.nodes` (a run resumed on fewer: the micro batch
+    stays, ZeRO and FSDP shard over fewer ranks) when given."""
+    s, world = cfg.strategy, (nodes or cfg.cluster.nodes) * max(cfg.cluster.gpus_per_node, 1)
     deepspeed = str(s.deepspeed) if s.deepspeed else None
     if deepspeed and deepspeed.endswith(".json"):  # a config file: its name tells the stage, as ms-swift's presets
         deepspeed = "zero3_offload" if "zero3" in deepspeed and "offload" in deepspeed else deepspeed
@@ -129,14 +132,17 @@ def memory_line(cfg: Config) -> str:
     return f"memory   {_describe(est, cfg.cluster.gpu_memory_gib)} (docs/memory.md)"
 
 
-def _plan_estimate(cfg: Config) -> Estimate | None:
+def _plan_estimate(cfg: Config, nodes: int | None = None) -> Estimate | None:
+    """The plan's estimate (on ``nodes`` nodes when given); None on CPUs, or when the GPU's memory or the
+    model's shape is unknown."""
     shape = shape_of(cfg) if cfg.cluster.gpus_per_node and cfg.cluster.gpu_memory_gib else None
-    return plan_estimate(cfg, shape) if shape is not None else None
+    return plan_estimate(cfg, shape, nodes) if shape is not None else None
 
 
-def plan_estimate(cfg: Config, shape: ModelShape) -> Estimate:
-    """The plan's estimate; GRPO with vLLM colocated also gives vLLM its share of each GPU's memory."""
-    est = memory.estimate(shape, setup_of(cfg))
+def plan_estimate(cfg: Config, shape: ModelShape, nodes: int | None = None) -> Estimate:
+    """The plan's estimate (on ``nodes`` nodes instead of `cluster.nodes` when given); GRPO with vLLM
+    colocated also gives vLLM its share of each GPU's memory."""
+    est = memory.estimate(shape, setup_of(cfg, nodes))
     share = float(swift_value(cfg, "vllm_gpu_memory_utilization", 0.9)) if cfg.task.vllm_mode == "colocate" else 0
     return replace(est, overhead=est.overhead + share * (cfg.cluster.gpu_memory_gib or 0) * GIB)
 
@@ -155,6 +161,38 @@ def check_fits(cfg: Config) -> None:
         f"{cfg.model.name} with strategy={cfg.strategy.name} ({cfg.strategy.tuner_type}) needs "
         f"{_describe(est, gpu_gib)}: it cannot fit cluster={cfg.cluster.name}. HINT: {hint} "
         "(`python -m swiftslurm advise ...` lists every strategy's estimate)."
+    )
+
+
+def shrunk_refusal(cfg: Config, nodes: int) -> str | None:
+    """Why an attempt on ``nodes`` nodes (fewer than planned: `resilience.min_nodes`) would not fit its GPUs,
+    naming the fewest nodes it fits on; None when it fits or nothing is known (CPUs, no shape or GPU size)."""
+    est, gpu_gib = _plan_estimate(cfg, nodes), cfg.cluster.gpu_memory_gib
+    if est is None or gpu_gib is None or est.gib() <= gpu_gib:
+        return None
+    fitting = (
+        n for n in range(nodes + 1, cfg.cluster.nodes + 1) if (e := _plan_estimate(cfg, n)) and e.gib() <= gpu_gib
+    )
+    least = next(fitting, cfg.cluster.nodes)  # check_fits has refused a plan that does not fit its own count
+    fix = f"raise resilience.min_nodes to {least}, the fewest nodes it fits on" if least < cfg.cluster.nodes else ""
+    return (
+        f"resilience.min_nodes={nodes}: on {nodes} node(s) {cfg.model.name} with strategy={cfg.strategy.name} "
+        f"({cfg.strategy.tuner_type}) would need {_describe(est, gpu_gib)}: a run resumed there would not fit. "
+        f"HINT: {fix or 'leave resilience.min_nodes out'}{', or leave it out' if fix else ''} (docs/memory.md)."
+    )
+
+
+def shrink_line(cfg: Config, plan: JobPlan) -> str | None:
+    """The dry run's line for a run that may resume on fewer nodes: the range, and the smallest shape's
+    gradient accumulation and memory estimate (None when the run never shrinks)."""
+    least, planned = plan.resilience.min_nodes, plan.topology.nodes
+    if least is None or least >= planned:
+        return None
+    est = _plan_estimate(cfg, least)
+    memory_text = f", est. {est.gib():.1f} GiB/GPU" if est is not None else ""
+    return (
+        f"resilience  may resume on {least}..{planned} nodes (min_nodes={least}); at {least}: accumulation "
+        f"{plan.batch_on(least).grad_accum}{memory_text} (docs/resilience.md)"
     )
 
 

@@ -72,6 +72,14 @@ class BatchPlan:
     def global_(self) -> int:
         return self.micro * self.grad_accum * self.data_parallel
 
+    def over(self, data_parallel: int) -> BatchPlan:
+        """The same global batch over ``data_parallel`` ranks (a run resumed on fewer nodes): the micro batch
+        stays, gradient accumulation takes up the difference (validate.check_shrink refused sizes that do not
+        divide it)."""
+        if data_parallel == self.data_parallel:
+            return self
+        return BatchPlan(self.micro, self.global_ // (self.micro * data_parallel), data_parallel)
+
 
 @dataclass(frozen=True)
 class SlurmSpec:
@@ -155,6 +163,10 @@ class JobPlan:
     @property
     def output_dir(self) -> Path:
         return rundir.output_dir(self.run_dir)
+
+    def batch_on(self, nodes: int) -> BatchPlan:
+        """The batch of an attempt on ``nodes`` nodes (fewer than planned: `resilience.min_nodes`)."""
+        return self.batch.over(nodes * self.topology.procs_per_node // self.parallel.model_parallel)
 
     def identity_facts(self) -> dict[str, Any]:
         """What determines the training result, so what a checkpoint can be resumed under. Left out: how it

@@ -208,6 +208,12 @@ class RunFacts:
         return facts
 
 
+def _attempt_reason(record: dict[str, Any]) -> str:
+    """reason→decision; with the node count for a run that may shrink (its records hold `nodes`)."""
+    text = f"{record.get('reason')}→{record.get('decision')}"
+    return f"{text} on {record['nodes']} nodes" if record.get("nodes") else text
+
+
 def gather(
     run_dir: Path, slurm: SlurmView | None = None, jobs: dict[str, list[dict[str, Any]]] | None = None
 ) -> RunFacts:
@@ -234,7 +240,7 @@ def gather(
         job_id=job_id,
         slurm_state=slurm_state,
         attempts=len(attempts),
-        attempt_reasons=tuple(f"{a.get('reason')}→{a.get('decision')}" for a in attempts),
+        attempt_reasons=tuple(_attempt_reason(a) for a in attempts),
         committed_step=checkpoint_step(committed) if committed else None,
         max_steps=metrics.max_steps,
         loss=metrics.loss,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm import secrets
+from swiftslurm import memory_plan, secrets
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.storage_spec import BACKGROUND_PRIORITIES
 from swiftslurm.tiny import DATASETS as TINY_DATASETS
@@ -530,9 +530,8 @@ def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: Batch
         raise ConfigError(why)
     data_parallel = {n: n * topology.procs_per_node // par.model_parallel for n in range(least, topology.nodes + 1)}
     _check_batch_divides(least, batch, data_parallel)
-    for nodes in range(least, topology.nodes):
-        if (why := shrunk_shape_refusal(cfg, nodes)) is not None:
-            raise ConfigError(why)
+    if (why := shrunk_shape_refusal(cfg, least)) is not None:  # the fewest nodes hold the most per GPU
+        raise ConfigError(why)
 
 
 def _check_batch_divides(least: int, batch: BatchPlan, data_parallel: Mapping[int, int]) -> None:
@@ -551,6 +550,6 @@ def _check_batch_divides(least: int, batch: BatchPlan, data_parallel: Mapping[in
 
 def shrunk_shape_refusal(cfg: Config, nodes: int) -> str | None:
     """Why the plan would not fit in GPU memory on ``nodes`` nodes (fewer than planned: ZeRO and FSDP shard
-    over fewer ranks, so each holds more), or None. The hook for the memory planner (issue 16, part 1); until
-    it is merged nothing is refused here."""
-    return None
+    over fewer ranks, so each holds more; the micro batch stays), or None; the memory planner's estimate.
+    CPU clusters and models without a known shape are not checked."""
+    return memory_plan.shrunk_refusal(cfg, nodes)

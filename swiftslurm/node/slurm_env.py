@@ -89,11 +89,7 @@ def attempt_nodes(where: SlurmEnv, plan: JobPlan) -> int:
 def attempt_batch(where: SlurmEnv, plan: JobPlan) -> BatchPlan:
     """The batch of this attempt: the planned global batch over this allocation's data-parallel ranks, with
     the gradient accumulation that keeps it (the plan refused global batches this does not divide)."""
-    batch = plan.batch
-    data_parallel = attempt_nodes(where, plan) * plan.topology.procs_per_node // plan.parallel.model_parallel
-    if data_parallel == batch.data_parallel:
-        return batch
-    return BatchPlan(batch.micro, batch.global_ // (batch.micro * data_parallel), data_parallel)
+    return plan.batch_on(attempt_nodes(where, plan))
 
 
 def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:

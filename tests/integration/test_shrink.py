@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.node.records import read_attempts, read_status
+from swiftslurm.runs import gather
 from tests.integration.test_faults import (
     FAST_RETRIES,
     attempt_ids,
@@ -122,6 +123,8 @@ def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
     assert later and later[-1]["decision"] == "done", later
     for record in later:
         assert record["nodes"] == 2 and lost not in record["hosts"], record
+    shown = gather(run_dir).attempt_reasons  # what `status` lists: each attempt with its node count
+    assert shown[ids.index(victim)].endswith("on 3 nodes") and shown[-1] == "finished→done on 2 nodes", shown
     resumed = later[0]["attempt"]
     command = exec_line(run_dir, resumed, 0) or ""
     assert "--resume_from_checkpoint" in command and command.endswith("--gradient_accumulation_steps 3"), command

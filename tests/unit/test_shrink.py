@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import slurm_cli
+from swiftslurm import memory_plan, slurm_cli
 from swiftslurm.errors import ConfigError, NodeError, SubmitError
 from swiftslurm.node import conclude as conclude_mod
-from swiftslurm.node import records
+from swiftslurm.node import decide, records
 from swiftslurm.node import requeue as requeue_mod
 from swiftslurm.node.ckpt.checkpoint import ResumePoint
 from swiftslurm.node.decide import Action, Decision, Reason, nodes_for_next, with_node_count
@@ -26,7 +26,9 @@ from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, check_allocation,
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import ATTEMPTS, attempt_dir, node_log
-from tests.conftest import plan_for
+from swiftslurm.runs import gather
+from swiftslurm.validate import shrunk_shape_refusal
+from tests.conftest import compose_config, plan_for
 
 THREE = ("+cluster=local-slurm", "cluster.nodes=3", "global_batch_size=6")
 SHRINKS = (*THREE, "resilience.min_nodes=2")
@@ -159,6 +161,37 @@ def test_full_replicas_and_fsdp2_may_shrink() -> None:
     assert plan_for(*fsdp2).resilience.min_nodes == 1
 
 
+BIG = ("+cluster=a100x16", "model=qwen2.5-72b-instruct", "strategy=fsdp2", "strategy.tuner_type=full")
+BIG_ON_FOUR = (*BIG, "cluster.nodes=4", "global_batch_size=96", DATASET)  # fits on 4 and 3 nodes, not on 2 or 1
+
+
+def test_a_shrink_that_would_not_fit_is_refused_naming_the_fewest_nodes_that_fit() -> None:
+    """FSDP2 shards over fewer ranks after a shrink: each GPU holds more (memory planner, docs/memory.md)."""
+    with pytest.raises(ConfigError, match=r"min_nodes=1: on 1 node\(s\).*would not fit.*min_nodes to 3, the fewest"):
+        plan_for(*BIG_ON_FOUR, "resilience.min_nodes=1")
+    assert plan_for(*BIG_ON_FOUR, "resilience.min_nodes=3").resilience.min_nodes == 3
+
+
+def test_cpu_clusters_have_no_memory_check() -> None:
+    assert shrunk_shape_refusal(compose_config(*SHRINKS), 1) is None
+
+
+def test_the_dry_run_shows_the_range_and_the_smallest_shape() -> None:
+    three = (*BIG_ON_FOUR, "resilience.min_nodes=3")
+    line = memory_plan.shrink_line(compose_config(*three), plan_for(*three)) or ""
+    found = re.fullmatch(
+        r"resilience  may resume on 3\.\.4 nodes \(min_nodes=3\); at 3: accumulation 4, est\. ([\d.]+) GiB/GPU .*", line
+    )
+    assert found, line
+    shape = memory_plan.shape_of(compose_config(*BIG_ON_FOUR))
+    assert shape is not None
+    full = memory_plan.plan_estimate(compose_config(*BIG_ON_FOUR), shape)
+    assert float(found[1]) > full.gib()  # fewer ranks to shard over: more per GPU
+    cpu = memory_plan.shrink_line(compose_config(*SHRINKS), plan_for(*SHRINKS))
+    assert cpu == "resilience  may resume on 2..3 nodes (min_nodes=2); at 2: accumulation 3 (docs/resilience.md)"
+    assert memory_plan.shrink_line(compose_config(*THREE), plan_for(*THREE)) is None
+
+
 # --- the leader: the requeue asks SLURM for the node count -----------------------------------------------------
 
 
@@ -186,9 +219,16 @@ def shrink_plan(tmp_path: Path, *overrides: str) -> JobPlan:
     return replace(plan_for(*SHRINKS, *overrides), run_dir=str(tmp_path / "run"))
 
 
-def conclude_lost(tmp_path: Path, plan: JobPlan, monkeypatch: pytest.MonkeyPatch, states: dict[str, str]) -> Decision:
-    """Node 0 concluding an attempt on n0..n2 in which n2 wrote no result (its trainer's peers failed)."""
-    fake = Partition(states)
+def conclude_lost(
+    tmp_path: Path,
+    plan: JobPlan,
+    monkeypatch: pytest.MonkeyPatch,
+    states: dict[str, str],
+    fake: Partition | None = None,
+) -> Decision:
+    """Node 0 concluding an attempt on n0..n2 in which n2 wrote no result (its trainer's peers failed), unless
+    `states` says n2 is up: then it wrote one too (a crash with every node alive)."""
+    fake = fake or Partition(states)
     monkeypatch.setattr(slurm_cli, "run", fake.run)
     monkeypatch.setattr(time, "sleep", lambda _s: None)
     monkeypatch.setattr(conclude_mod, "SILENT_HOST_WAIT_S", 0.0)
@@ -196,7 +236,7 @@ def conclude_lost(tmp_path: Path, plan: JobPlan, monkeypatch: pytest.MonkeyPatch
     here = attempt_dir(run_dir, "77.0")
     here.mkdir(parents=True)
     plan.output_dir.mkdir()
-    for node in (0, 1):
+    for node in (0, 1, 2) if not decide.node_down(states["n2"]) else (0, 1):
         records.write_node_result(here, node, f"n{node}", 1)
     watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
     observed = Observed(1, [], False, watch, time.time() - 3600)
@@ -209,6 +249,21 @@ def test_a_node_lost_for_good_requeues_on_the_others(tmp_path: Path, monkeypatch
     assert (decision.action, decision.nodes) == (Action.REQUEUE, 2), decision
     record = json.loads((tmp_path / "run" / ATTEMPTS).read_text().splitlines()[-1])
     assert (record["nodes"], record["next_nodes"], record["failed_host"]) == (3, 2, "n2")
+
+
+def test_status_shows_the_node_count_of_each_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conclude_lost(tmp_path, shrink_plan(tmp_path), monkeypatch, {"n0": "mixed", "n1": "idle", "n2": "down*"})
+    assert gather(tmp_path / "run").attempt_reasons == ("infra→requeue on 3 nodes",)
+
+
+def test_a_crash_with_every_node_alive_restarts_in_place_and_asks_for_no_node_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restart in place (decide.restart_in_place) comes first: a shrink only happens on a requeue."""
+    fake = Partition({"n0": "mixed", "n1": "idle", "n2": "mixed"})
+    decision = conclude_lost(tmp_path, shrink_plan(tmp_path), monkeypatch, fake.states, fake)
+    assert (decision.action, decision.nodes) == (Action.RESTART, None), decision
+    assert not any(argv[0] == "sinfo" and "%T" in argv[-1] for argv in fake.calls)  # no node count asked
 
 
 def test_a_lost_node_with_a_spare_keeps_the_full_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
