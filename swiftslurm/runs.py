@@ -22,7 +22,18 @@ from swiftslurm.accounting import run_ledger
 from swiftslurm.ledger import Ledger
 from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed, write_json_atomic
 from swiftslurm.node.records import read_attempts, read_status
-from swiftslurm.rundir import CANCELLED, JOB, METRICS, SYNC_STATE, leader_logs, output_dir, plan_file
+from swiftslurm.rundir import (
+    CANCELLED,
+    JOB,
+    METRICS,
+    SLURM_LOG,
+    SYNC_STATE,
+    leader_logs,
+    logs_dir,
+    output_dir,
+    plan_file,
+    slurm_log,
+)
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
@@ -221,7 +232,7 @@ def gather(
     ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
     plan = read_json(plan_file(run_dir)) or {}
     status = read_status(run_dir) or {}
-    job = read_json(run_dir / JOB) or {}
+    job = submission(run_dir)
     attempts = read_attempts(run_dir)
     metrics = read_metrics(run_dir)
     job_id = str(job.get("job_id") or status.get("job_id") or "") or None
@@ -229,6 +240,8 @@ def gather(
     if job.get("scheduler") == "local" and job_id:
         slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
+    if job.get("by_hand") and not status:
+        why = _hand_submitted_why(run_dir, str(job_id), state, why)
     committed, _ = newest_committed(output_dir(run_dir))
     batch = global_batch(plan)
     spent = run_ledger(run_dir, plan, jobs, running=state == "running")
@@ -259,8 +272,29 @@ def _local_job_state(pid: str) -> str:
 
 def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
     """The job ids SLURM can answer for (local jobs are processes of this machine, not SLURM jobs)."""
-    jobs = [read_json(d / JOB) or {} for d in run_dirs]
+    jobs = [submission(d) for d in run_dirs]
     return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
+
+
+def submission(run_dir: Path) -> dict[str, Any]:
+    """The job that carries the run: job.json (written when swiftslurm submits), else the newest SLURM output
+    file in logs/ (`sbatch RUN_DIR/job.sbatch` by hand writes no job.json; if the wrapper never started, e.g.
+    the node's Python cannot import swiftslurm, that file is the only trace of the job). {} if never submitted."""
+    job = read_json(run_dir / JOB)
+    if job:
+        return job
+    prefix, suffix = SLURM_LOG.split("%j")
+    ids = [f.name[len(prefix) : -len(suffix)] for f in logs_dir(run_dir).glob(SLURM_LOG.replace("%j", "*"))]
+    numeric = sorted((int(i) for i in ids if i.isdigit()), reverse=True)
+    return {"job_id": str(numeric[0]), "scheduler": "slurm", "by_hand": True} if numeric else {}
+
+
+def _hand_submitted_why(run_dir: Path, job_id: str, state: str, why: str) -> str:
+    """A run submitted by hand whose wrapper has written nothing yet: say where SLURM's own output is."""
+    log = slurm_log(logs_dir(run_dir), job_id)
+    if state == "pending":
+        return f"submitted by hand as job {job_id}; no word from the wrapper yet: see {log}"
+    return f"{why}; see {log}" if why else f"see {log}"
 
 
 def global_batch(plan: dict[str, Any]) -> int | None:

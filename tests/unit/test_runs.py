@@ -111,3 +111,27 @@ def test_a_local_job_is_running_while_its_process_lives_and_never_asked_of_slurm
     assert gather(run_dir).state == "running" and slurm_job_ids([run_dir]) == []
     record_submission(run_dir, "999999999", "local")  # no such process
     assert gather(run_dir).state == "failed"
+
+
+def test_a_run_submitted_by_hand_whose_wrapper_never_started_points_at_slurms_output(tmp_path: Path) -> None:
+    """`sbatch RUN_DIR/job.sbatch` writes no job.json, and a wrapper that never started (the node's Python cannot
+    import swiftslurm) writes no status.json: SLURM's output file in logs/ is the one trace, and status says so
+    instead of calling the run a dry run."""
+    from swiftslurm.runs import slurm_job_ids
+
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": "r"}))
+    assert gather(run_dir).state == "planned"  # a dry run: nothing submitted
+    for job in ("9", "77"):  # an earlier submission by hand, then the newest
+        (run_dir / "logs" / f"slurm-{job}.out").write_text("ModuleNotFoundError: No module named 'hostlist'\n")
+    assert slurm_job_ids([run_dir]) == ["77"]
+
+    failed = gather(run_dir, SlurmView(available=True, states={"77": "FAILED"}))
+    assert (failed.state, failed.job_id) == ("failed", "77")
+    assert "without a final record" in failed.why and failed.why.endswith(f"see {run_dir}/logs/slurm-77.out")
+
+    unknown = gather(run_dir)  # SLURM not asked
+    assert unknown.state == "pending" and unknown.why == (
+        f"submitted by hand as job 77; no word from the wrapper yet: see {run_dir}/logs/slurm-77.out"
+    )
