@@ -41,7 +41,7 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
     if updates:
         slurm_cli.run(["scontrol", "update", f"JobId={job}", *updates])
     if decision.nodes is not None:
-        _set_node_count(job, decision.nodes)
+        _set_node_count(job, decision.nodes, _cpus_per_task(plan))
     if not _excluded(plan, decision):  # clear exclusions that expired (ExcNodeList stays on a requeued job)
         try:
             slurm_cli.run(["scontrol", "update", f"JobId={job}", "ExcNodeList="])
@@ -51,14 +51,21 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
     raise Requeued(job)
 
 
-def _set_node_count(job: str, nodes: int) -> None:
+def _set_node_count(job: str, nodes: int, cpus_per_task: int) -> None:
     """Ask for exactly ``nodes`` nodes, one task each (a run that may shrink: decide.with_node_count). A
-    range ("2-2") because a bare count may leave the job's old maximum in place. On failure the job keeps the
-    node count it had: it still runs once that many nodes are there."""
+    range ("2-2") because a bare count may leave the job's old maximum in place. NumCPUs too: SLURM 22.05 keeps
+    the job's old total, and 3 nodes' CPUs asked of 2 nodes leave the job pending for good (BadConstraints).
+    On failure the job keeps the node count it had: it still runs once that many nodes are there."""
+    shape = [f"NumNodes={nodes}-{nodes}", f"NumTasks={nodes}", f"NumCPUs={nodes * cpus_per_task}"]
     try:
-        slurm_cli.run(["scontrol", "update", f"JobId={job}", f"NumNodes={nodes}-{nodes}", f"NumTasks={nodes}"])
+        slurm_cli.run(["scontrol", "update", f"JobId={job}", *shape])
     except SwiftSlurmError as err:
         print(f"[swiftslurm] could not set the job's node count to {nodes}: {err}", flush=True)
+
+
+def _cpus_per_task(plan: JobPlan) -> int:
+    """--cpus-per-task of the job (one task per node); SLURM's default is 1."""
+    return (plan.slurm.cpus_per_task if plan.slurm else None) or 1
 
 
 def _updates(plan: JobPlan, decision: decide.Decision) -> list[str]:

@@ -51,6 +51,9 @@ SHRINKING = (
     "cluster.nodes=3",
     "global_batch_size=6",  # micro 1 × 3 ranks × accumulation 2; on 2 nodes: × 2 ranks × 3
     "resilience.min_nodes=2",
+    # Each node's 2 CPUs: 6 CPUs cannot come from 2 nodes, so the requeue must ask for 4 (NumCPUs), as on a real
+    # cluster where cpus_per_task is a whole node's cores.
+    "cluster.cpus_per_task=2",
     f"swift.max_steps={STEPS}",
     f"swift.save_steps={SAVE_STEPS}",
     *FAST_RETRIES,

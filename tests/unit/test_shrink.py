@@ -287,8 +287,9 @@ def test_the_requeue_sets_the_jobs_node_count_and_tasks(tmp_path: Path, monkeypa
     monkeypatch.setattr(signal, "signal", lambda *_: None)
     decision = replace(requeue(), nodes=2)
     with pytest.raises(requeue_mod.Requeued):
-        requeue_mod.requeue(on(3), shrink_plan(tmp_path), decision)
-    assert ["scontrol", "update", "JobId=77", "NumNodes=2-2", "NumTasks=2"] in fake.calls
+        requeue_mod.requeue(on(3), shrink_plan(tmp_path, "cluster.cpus_per_task=4"), decision)
+    # NumCPUs with it: SLURM keeps the 3 nodes' 12 CPUs otherwise, which 2 nodes of 4 CPUs can never give.
+    assert ["scontrol", "update", "JobId=77", "NumNodes=2-2", "NumTasks=2", "NumCPUs=8"] in fake.calls
 
 
 def test_a_requeue_without_a_node_count_does_not_touch_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
