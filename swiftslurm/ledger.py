@@ -93,7 +93,20 @@ class Ledger:
     queue_wait_s: float = 0.0
     requeue_hold_s: float = 0.0
     job_runs: int = 0
-    from_slurm: bool = True  # every allocation is SLURM's (False: some are the attempts' own spans)
+    own_spans: int = 0  # job runs SLURM could not account for (a local run): allocated the attempt's own span
+
+    @property
+    def from_slurm(self) -> bool:
+        return self.own_spans == 0
+
+    @property
+    def allocated_from(self) -> str:
+        """Where the allocated time comes from, in words."""
+        if self.own_spans == 0:
+            return "SLURM accounting"
+        if self.own_spans >= self.job_runs:
+            return "the attempts' own spans (no SLURM accounting)"
+        return "SLURM accounting and the attempts' own spans"
 
     @property
     def accounted_s(self) -> float:
@@ -116,7 +129,7 @@ class Ledger:
             self.queue_wait_s + other.queue_wait_s,
             self.requeue_hold_s + other.requeue_hold_s,
             self.job_runs + other.job_runs,
-            self.from_slurm and other.from_slurm,
+            self.own_spans + other.own_spans,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -129,7 +142,7 @@ class Ledger:
             "queue_wait_s": round(self.queue_wait_s, 1),
             "requeue_hold_s": round(self.requeue_hold_s, 1),
             "job_runs": self.job_runs,
-            "allocated_from": "slurm accounting" if self.from_slurm else "slurm accounting and the run's records",
+            "allocated_from": self.allocated_from,
         }
 
 
@@ -261,7 +274,7 @@ def compute(
         for category, seconds in split(allocation, held.get(i, []), end).items():
             spent[category] += seconds * allocation.width
     queue, hold = _waits(allocations)
-    return Ledger(unit, allocated, spent, queue, hold, len(every), not own)
+    return Ledger(unit, allocated, spent, queue, hold, len(every), len(own))
 
 
 def split(allocation: Allocation, attempts: Iterable[AttemptMarks], end: float) -> dict[str, float]:

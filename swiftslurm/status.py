@@ -141,7 +141,6 @@ def ledger_table(ledger: Ledger, title: str) -> str:
     def share(seconds: float) -> str:
         return f"{seconds / ledger.allocated_s:.1%}" if ledger.allocated_s else "-"
 
-    source = "SLURM accounting" if ledger.from_slurm else "SLURM accounting and the attempts' own spans"
     rows = [["category", unit, "share"]]
     rows += [[LABELS[c], amount(ledger.spent_s.get(c, 0.0)), share(ledger.spent_s.get(c, 0.0))] for c in CATEGORIES]
     rows += [["unaccounted (allocated - the above)", amount(ledger.unaccounted_s), share(ledger.unaccounted_s)]]
@@ -149,7 +148,7 @@ def ledger_table(ledger: Ledger, title: str) -> str:
     waits = f"queue wait {ledger.queue_wait_s:.0f} s, requeue hold {ledger.requeue_hold_s:.0f} s (wall clock)"
     return "\n".join(
         [
-            f"goodput ledger of {title} ({ledger.job_runs} job run(s); allocated from {source}):",
+            f"goodput ledger of {title} ({ledger.job_runs} job run(s); allocated from {ledger.allocated_from}):",
             *("  " + line for line in table(rows).splitlines()),
             f"  not allocated: {waits}",
         ]

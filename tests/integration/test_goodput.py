@@ -49,7 +49,7 @@ def ledger_of(run_dir: Path) -> tuple[dict[str, Any], str]:
 def assert_adds_up(ledger: dict[str, Any], job: str) -> None:
     allocated = sacct_allocated_s(job, devices_per_node=1)  # local-slurm: 1 CPU process per node
     assert ledger["allocated_s"] == pytest.approx(allocated, abs=1.0)
-    assert ledger["allocated_from"] == "slurm accounting"
+    assert ledger["allocated_from"] == "SLURM accounting"
     spent = sum(ledger["spent_s"].values())
     assert abs(spent - allocated) <= TOLERANCE * allocated, (spent, allocated)
 

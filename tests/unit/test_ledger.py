@@ -136,7 +136,7 @@ def test_without_slurm_accounting_each_attempt_is_allocated_its_own_span() -> No
     )
     ledger = compute([], [local], 1, "CPU process", now=1000)
     assert ledger.allocated_s == pytest.approx((50 - 10) * 2)  # two hosts, one process each
-    assert not ledger.from_slurm
+    assert not ledger.from_slurm and ledger.allocated_from == "the attempts' own spans (no SLURM accounting)"
     assert ledger.unaccounted_s == pytest.approx(0)
 
 
