@@ -121,7 +121,9 @@ class Engine:
     def prepare_reshard(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int, python: str) -> None:
         """Leader only, before it publishes the resume point: make ``checkpoint`` loadable at ``data_parallel``
         ranks when this engine needs a conversion for that (beside the checkpoint; the committed one is never
-        changed). ``python`` is the training Python (plan.python). Default: nothing to do."""
+        changed). ``data_parallel``: the ranks the optimizer state is partitioned over, the attempt's world
+        size for the HF family (DeepSpeed ZeRO partitions over every rank). ``python``: the training Python
+        (plan.python). Default: nothing to do."""
 
     def resume_args_at(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int) -> tuple[str, ...]:
         """resume_args for an attempt with ``data_parallel`` ranks, which may differ from the number that wrote

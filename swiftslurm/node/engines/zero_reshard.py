@@ -141,14 +141,18 @@ def convert(checkpoint: Path, deepspeed: str, python: str, run: Runner | None = 
     if tag is None:
         raise NodeError(f"{checkpoint} has no DeepSpeed ZeRO state ({_LATEST} names no folder): nothing to convert")
     _remove_unfinished(target)
-    building = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=checkpoint.parent))
     config_dir = swift_config_dir(python, run) if deepspeed in SWIFT_PRESETS else None
     config = universal_config(planned_config(deepspeed, config_dir))
-    run(conversion_argv(python, checkpoint, tag, building))
-    (building / UNIVERSAL_CONFIG).write_text(json.dumps(config, indent=2))
-    _link_trainer_files(checkpoint, building)
-    building.chmod(checkpoint.stat().st_mode & 0o7777)  # mkdtemp's 0700, made like the checkpoint's own
-    os.rename(building, target)
+    building = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=checkpoint.parent))
+    try:
+        run(conversion_argv(python, checkpoint, tag, building))
+        (building / UNIVERSAL_CONFIG).write_text(json.dumps(config, indent=2))
+        _link_trainer_files(checkpoint, building)
+        building.chmod(checkpoint.stat().st_mode & 0o7777)  # mkdtemp's 0700, made like the checkpoint's own
+        os.rename(building, target)
+    except BaseException:  # a failure, or a stop signal's exception: nothing half-built stays behind
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     return target
 
 
