@@ -46,9 +46,15 @@ def checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
 
 def companions(checkpoint: Path) -> list[Path]:
     """Folders an engine writes beside `checkpoint-N` that belong to it (Megatron LoRA's `checkpoint-N-merged`,
-    the merged weights): quarantined and pruned together with it."""
-    merged = checkpoint.with_name(f"{checkpoint.name}-merged")
-    return [merged] if merged.is_dir() else []
+    the merged weights; a ZeRO checkpoint's universal form): quarantined and pruned together with it."""
+    found = (checkpoint.with_name(f"{checkpoint.name}-merged"), universal_companion(checkpoint))
+    return [folder for folder in found if folder.is_dir()]
+
+
+def universal_companion(checkpoint: Path) -> Path:
+    """Where a DeepSpeed ZeRO checkpoint's universal form goes (engines/zero_reshard.py), so that a run
+    resumes at another world size without changing the committed `checkpoint-N`."""
+    return checkpoint.with_name(f"{checkpoint.name}-universal")
 
 
 def sha256_and_fsync(path: Path) -> str:

@@ -128,6 +128,18 @@ class Engine:
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         raise NotImplementedError
 
+    def prepare_reshard(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int, python: str) -> None:
+        """Leader only, before it publishes the resume point: make ``checkpoint`` loadable at ``data_parallel``
+        ranks when this engine needs a conversion for that (beside the checkpoint; the committed one is never
+        changed). ``data_parallel``: the ranks the optimizer state is partitioned over, the attempt's world
+        size for the HF family (DeepSpeed ZeRO partitions over every rank). ``python``: the training Python
+        (plan.python). Default: nothing to do."""
+
+    def resume_args_at(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int) -> tuple[str, ...]:
+        """resume_args for an attempt with ``data_parallel`` ranks, which may differ from the number that wrote
+        ``checkpoint`` (after prepare_reshard). Default: the checkpoint loads at any size as it is."""
+        return self.resume_args(checkpoint, swift_argv)
+
     def reached_last_step(self, output_dir: Path) -> bool:
         """Whether training is complete: the newest committed checkpoint is the planned last step (the
         commit hook writes that step into the manifest). Once it is, nothing trains again."""

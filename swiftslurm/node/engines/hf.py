@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.engines.base import ENGINES_DIR, Engine, ProgressSource
+from swiftslurm.node.engines import zero_reshard
+from swiftslurm.node.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value
 from swiftslurm.node.progress import finished_steps
 
 
@@ -50,6 +51,20 @@ class HfTrainerEngine(Engine):
 
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         return ("--resume_from_checkpoint", str(checkpoint))
+
+    def prepare_reshard(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int, python: str) -> None:
+        # A DeepSpeed ZeRO checkpoint holds one optimizer shard per data-parallel rank and loads only at that
+        # size; its universal form loads at any (zero_reshard.py). DDP, LoRA and FSDP2 checkpoints need nothing.
+        deepspeed = argv_value(swift_argv, "deepspeed")
+        if deepspeed and zero_reshard.needs_universal(zero_reshard.zero_shards(checkpoint), data_parallel):
+            zero_reshard.convert(checkpoint, deepspeed, python)
+
+    def resume_args_at(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int) -> tuple[str, ...]:
+        if argv_value(swift_argv, "deepspeed") and zero_reshard.needs_universal(
+            zero_reshard.zero_shards(checkpoint), data_parallel
+        ):
+            return zero_reshard.universal_resume_args(checkpoint)
+        return self.resume_args(checkpoint, swift_argv)
 
     def reached_last_step(self, output_dir: Path) -> bool:
         # ms-swift's end-of-training summary, or (a run killed between its last commit and that summary) a
