@@ -42,7 +42,7 @@ from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
 from swiftslurm.node.signals import SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv, check_allocation
+from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, reshard_ranks
 from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
@@ -194,7 +194,8 @@ def _stopped(a: Attempt, why: str) -> Phase:
 def _agree_on_resume(a: Attempt) -> Phase:
     hold(Phase.AGREE_ON_RESUME.value, a.where, a.stopped)
     try:
-        a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce, a.stopped)
+        ranks = reshard_ranks(a.where, a.plan)  # None unless the run may change size
+        a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce, a.stopped, ranks)
     except Interrupted as why:
         print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)
         return Phase.SIGNALLED

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node.ckpt.checkpoint import ResumePoint, prepare_resume, write_json_atomic
+from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.lease import Lease
 from swiftslurm.node.watch import POLL_S
@@ -34,16 +35,19 @@ def agree_on_resume(
     lease: Lease | None = None,
     nonce: str | None = None,
     stopped: Callable[[], bool] = lambda: False,
+    ranks: int | None = None,
 ) -> ResumePoint:
     """The leader picks the resume point (and sets aside what is newer) and publishes it; the other nodes
     wait for that choice, so every rank loads the same checkpoint even while the leader is still
     quarantining or restoring. Raises Interrupted when ``stopped()`` (a stop signal was recorded) before the
-    choice is published, or when the leader published that one was."""
+    choice is published, or when the leader published that one was. ``ranks``: this attempt's ranks when the
+    run may change size (slurm_env.reshard_ranks): the leader makes the resume point loadable at that many
+    first (engine.prepare_reshard)."""
     path = attempt_dir / RESUME
     if not leader:
         return _wait_for_choice(path, attempt_dir / LEADER_BEAT, nonce, stopped)
     with LeaderBeat(attempt_dir / LEADER_BEAT).running() as beat:
-        return _choose(plan, attempt_dir, path, beat, lease, nonce, stopped)
+        return _choose(plan, attempt_dir, path, beat, lease, nonce, stopped, ranks)
 
 
 def publish_signalled(resume_file: Path, nonce: str | None = None) -> None:
@@ -66,6 +70,7 @@ def _choose(
     lease: Lease | None,
     nonce: str | None,
     stopped: Callable[[], bool],
+    ranks: int | None = None,
 ) -> ResumePoint:
     identity = plan.identity()
     try:
@@ -80,6 +85,8 @@ def _choose(
         beat.doing("choosing the resume point")
         _fence(lease, "quarantine newer checkpoints")
         point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True, identity=identity)
+        if ranks is not None and point.checkpoint is not None and not point.complete:
+            _reshard(plan, point.checkpoint, ranks, beat, lease, stopped)
     except SwiftSlurmError as err:  # the store cannot be read, another plan's checkpoint, the lease lost
         publish_failure(path, str(err), nonce)
         raise
@@ -87,6 +94,20 @@ def _choose(
     chosen = {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step}
     write_json_atomic(path, {**chosen, "complete": point.complete, "nonce": nonce})
     return point
+
+
+def _reshard(
+    plan: JobPlan, checkpoint: Path, ranks: int, beat: LeaderBeat, lease: Lease | None, stopped: Callable[[], bool]
+) -> None:
+    """Make ``checkpoint`` loadable at ``ranks`` before the choice is published, so that no node resumes
+    from a half-made conversion (a ZeRO checkpoint written by another number of ranks; minutes for a large
+    model, while the others wait on the heartbeat). The goodput ledger counts it as restore: it is part of
+    the agree_on_resume phase."""
+    beat.doing(f"making {checkpoint.name} loadable at {ranks} ranks")
+    _fence(lease, "convert the checkpoint for another world size")
+    engine_for(plan.launcher).prepare_reshard(checkpoint, plan.swift_argv, ranks, plan.python)
+    if stopped():  # a conversion may be long: no trainer starts once a stop signal came
+        raise Interrupted("a stop signal came while the resume point was converted for this attempt's ranks")
 
 
 def _fence(lease: Lease | None, step: str) -> None:

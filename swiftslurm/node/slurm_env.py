@@ -86,6 +86,18 @@ def attempt_nodes(where: SlurmEnv, plan: JobPlan) -> int:
     return where.num_nodes if may_shrink(plan) and where.in_slurm else plan.topology.nodes
 
 
+def attempt_ranks(where: SlurmEnv, plan: JobPlan) -> int:
+    """The training ranks of this attempt (over its allocation's nodes)."""
+    return attempt_nodes(where, plan) * plan.topology.procs_per_node
+
+
+def reshard_ranks(where: SlurmEnv, plan: JobPlan) -> int | None:
+    """This attempt's ranks when its resume point may have been written by another number of them (the run
+    may shrink, and grow back), for the engine's prepare_reshard/resume_args_at; None when every attempt has
+    the planned ranks, so checkpoints load as they are (the default)."""
+    return attempt_ranks(where, plan) if may_shrink(plan) else None
+
+
 def attempt_batch(where: SlurmEnv, plan: JobPlan) -> BatchPlan:
     """The batch of this attempt: the planned global batch over this allocation's data-parallel ranks, with
     the gradient accumulation that keeps it (the plan refused global batches this does not divide)."""

@@ -22,7 +22,7 @@ from swiftslurm.node.launch import Trainer
 from swiftslurm.node.lease import TOKEN_ENV
 from swiftslurm.node.progress import LineFollower, ProgressWatch
 from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, attempt_nodes, rank_env
+from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, attempt_ranks, rank_env, reshard_ranks
 from swiftslurm.node.timeline import TIMELINE_ENV
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
@@ -91,7 +91,7 @@ def train(
     failed); the leader kills it if it hangs and hands each newly committed checkpoint to the background
     uploader."""
     engine = engine_for(plan.launcher)
-    extra = engine.resume_args(resume.checkpoint, plan.swift_argv) if resume.checkpoint else ()
+    extra = resume_args(plan, where, resume)
     if (batch := attempt_batch(where, plan)) != plan.batch:  # fewer nodes than planned: the same global batch
         extra = (*extra, *engine.reshaped_args(batch))
     log_path = node_log_path(run_dir, attempt, where)
@@ -109,6 +109,17 @@ def train(
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
     return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer, watcher.hang)
+
+
+def resume_args(plan: JobPlan, where: SlurmEnv, resume: ResumePoint) -> tuple[str, ...]:
+    """The engine's arguments that resume from ``resume``: when the run may shrink, at this attempt's ranks
+    (a ZeRO checkpoint written by another number is loaded from the universal form the leader made)."""
+    if resume.checkpoint is None:
+        return ()
+    engine = engine_for(plan.launcher)
+    if (ranks := reshard_ranks(where, plan)) is None:
+        return engine.resume_args(resume.checkpoint, plan.swift_argv)
+    return engine.resume_args_at(resume.checkpoint, plan.swift_argv, ranks)
 
 
 def node_ranks(plan: JobPlan, where: SlurmEnv) -> range:
@@ -204,8 +215,7 @@ class _Watcher:
         stacks.ask(self.attempt_dir, self.hang)
         self.dumped = True
         stacks.dump_ranks(self.trainer.pid)
-        ranks = attempt_nodes(self.where, self.plan) * self.plan.topology.procs_per_node  # this attempt's
-        missing = stacks.wait_for_stacks(self.attempt_dir, range(ranks))
+        missing = stacks.wait_for_stacks(self.attempt_dir, range(attempt_ranks(self.where, self.plan)))
         return {"stacks": str(stacks_dir(self.attempt_dir)), "stacks_missing": missing}
 
     def kill_if_save_overdue(self, now: float) -> None:

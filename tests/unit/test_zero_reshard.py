@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from swiftslurm.errors import NodeError
+from swiftslurm.node import attempt as attempt_mod
+from swiftslurm.node import resume, watch
 from swiftslurm.node.ckpt import checkpoint as ck
+from swiftslurm.node.ckpt.checkpoint import ResumePoint
 from swiftslurm.node.engines import zero_reshard as zr
+from swiftslurm.node.engines.base import argv_value
 from swiftslurm.node.engines.hf import HfTrainerEngine
 from swiftslurm.node.engines.megatron import MegatronEngine
+from swiftslurm.node.heartbeat import read_beat
+from swiftslurm.node.slurm_env import SlurmEnv, may_shrink, reshard_ranks
+from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import LEADER_BEAT, RESUME
+from tests.conftest import plan_for
 
 ZERO2 = {"zero_optimization": {"stage": 2}, "train_batch_size": "auto"}
 
@@ -181,20 +192,177 @@ def test_the_universal_form_is_quarantined_and_pruned_with_its_checkpoint(tmp_pa
     assert sorted(os.listdir(output)) == ["checkpoint-8", "checkpoint-8-universal", ck.QUARANTINE]
 
 
-def test_the_hf_adapter_resumes_through_the_universal_form_only_when_the_size_differs(tmp_path: Path) -> None:
+def test_the_hf_adapter_resumes_through_the_universal_form_only_when_the_size_differs(
+    tmp_path: Path, presets: Path
+) -> None:
     engine = HfTrainerEngine()
     ckpt = zero_checkpoint(tmp_path / "output", 6, ranks=2)
     zero2 = ("--deepspeed", "zero2", "--tuner_type", "full")
     plain = ("--resume_from_checkpoint", str(ckpt))
     assert engine.resume_args_at(ckpt, zero2, data_parallel=2) == plain  # the size that wrote it
     assert engine.resume_args_at(ckpt, ("--tuner_type", "full"), data_parallel=1) == plain  # no DeepSpeed
-    assert engine.resume_args_at(ckpt, zero2, data_parallel=1) == zr.universal_resume_args(ckpt)
     # Nothing to convert at the size that wrote it: no process is started, no folder appears.
     engine.prepare_reshard(ckpt, zero2, data_parallel=2, python="/no/such/python")
     assert sorted(p.name for p in ckpt.parent.iterdir()) == ["checkpoint-6"]  # no half-built folder either
+    zr.convert(ckpt, "zero2", "py", FakeConverter(presets))
+    assert engine.resume_args_at(ckpt, zero2, data_parallel=1) == zr.universal_resume_args(ckpt)
 
 
 def test_the_megatron_adapter_does_not_reshard(tmp_path: Path) -> None:
     ckpt = tmp_path / "checkpoint-6"
     args = MegatronEngine().resume_args_at(ckpt, ("--tuner_type", "full"), data_parallel=1)
     assert args == MegatronEngine().resume_args(ckpt, ("--tuner_type", "full"))
+
+
+# --- the wiring: plan-time refusal, the leader's resume choice, the trainer's arguments, a whole attempt ----------
+
+THREE_ZERO2 = ("+cluster=local-slurm", "cluster.nodes=3", "global_batch_size=6", "resilience.min_nodes=2")
+
+
+def shrinking_plan(run_dir: Path, *overrides: str) -> JobPlan:
+    plan = plan_for(*THREE_ZERO2, "strategy=zero2", f"run_dir={run_dir}", *overrides)
+    assert may_shrink(plan) and argv_value(plan.swift_argv, "deepspeed") == "zero2"
+    return replace(plan, tiny_cache=None)  # nothing to build: no trainer runs here
+
+
+def leader_of(nodes: int) -> SlurmEnv:
+    """Node 0 of a job requeued once onto ``nodes`` nodes (one rank each on local-slurm)."""
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": f"n[1-{nodes}]",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": str(nodes),
+        "SLURM_RESTART_COUNT": "1",
+    }
+    return SlurmEnv.from_environ(env)
+
+
+@pytest.fixture
+def converter(presets: Path, monkeypatch: pytest.MonkeyPatch) -> FakeConverter:
+    """The stand-in for the training Python's ds_to_universal (test_zero_reshard_real.py runs the real one)."""
+    fake = FakeConverter(presets)
+    monkeypatch.setattr(zr, "_run", fake)
+    return fake
+
+
+def test_a_zero_1_or_2_run_may_shrink() -> None:
+    assert plan_for(*THREE_ZERO2, "strategy=zero2").resilience.min_nodes == 2
+    assert [HfTrainerEngine().reshard_refusal({"deepspeed": f"zero{stage}"}) for stage in (0, 1, 2)] == [None] * 3
+
+
+@pytest.mark.parametrize(
+    ("deepspeed", "why"),
+    [
+        ("zero3", r"ZeRO-3 \(stage 3\)"),
+        ("zero3_offload", r"ZeRO-3"),
+        ("zero2_offload", r"offload"),
+        ('{"zero_optimization": {"stage": 3}}', r"ZeRO-3"),
+        ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}', r"offload"),
+        ("/no/such/ds.json", r"stage cannot be read"),
+    ],
+)
+def test_zero_3_and_offload_are_still_refused_with_the_reason(deepspeed: str, why: str) -> None:
+    refusal = HfTrainerEngine().reshard_refusal({"deepspeed": deepspeed})
+    assert refusal is not None and re.search(why, refusal) and "HINT: use strategy=zero2" in refusal, refusal
+
+
+def test_a_json_config_of_stage_2_without_offload_may_shrink(tmp_path: Path) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**ZERO2, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}))
+    engine = HfTrainerEngine()
+    assert engine.reshard_refusal({"deepspeed": str(path)}) is None
+    assert engine.reshard_refusal({"deepspeed": json.dumps(ZERO2)}) is None
+
+
+def test_the_leader_converts_the_resume_point_for_this_attempts_ranks_before_publishing_it(
+    tmp_path: Path, converter: FakeConverter
+) -> None:
+    plan = shrinking_plan(tmp_path / "run")
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
+    attempt = tmp_path / "run" / "logs" / "4242.r1"
+    point = resume.agree_on_resume(plan, attempt, leader=True, ranks=2)
+    assert point.checkpoint == ckpt and zr.is_whole(ckpt)
+    assert json.loads((attempt / RESUME).read_text())["checkpoint"] == str(ckpt)
+    beat = read_beat(attempt / LEADER_BEAT)
+    assert beat is not None and beat["doing"] == "making checkpoint-6 loadable at 2 ranks"
+    # Every node then resumes from the universal form, which loads at 2 ranks.
+    assert watch.resume_args(plan, leader_of(2), point) == zr.universal_resume_args(ckpt)
+
+
+def test_by_default_nothing_is_converted_and_the_resume_arguments_are_unchanged(
+    tmp_path: Path, converter: FakeConverter
+) -> None:
+    plan = plan_for("+cluster=local-slurm", "strategy=zero2", f"run_dir={tmp_path / 'run'}")  # min_nodes unset
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)  # even at a shard count the plan would not write
+    assert reshard_ranks(leader_of(2), plan) is None
+    point = resume.agree_on_resume(plan, tmp_path / "run" / "logs" / "1", leader=True, ranks=None)
+    assert converter.calls == [] and not zr.universal_companion(ckpt).exists()
+    assert watch.resume_args(plan, leader_of(2), point) == ("--resume_from_checkpoint", str(ckpt))
+
+
+def test_at_the_size_that_wrote_it_the_checkpoint_resumes_as_it_is(tmp_path: Path, converter: FakeConverter) -> None:
+    plan = shrinking_plan(tmp_path / "run")
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
+    point = resume.agree_on_resume(plan, tmp_path / "run" / "logs" / "1", leader=True, ranks=3)
+    assert [c for c in converter.calls if "-c" not in c] == [] and not zr.universal_companion(ckpt).exists()
+    assert watch.resume_args(plan, leader_of(3), point) == ("--resume_from_checkpoint", str(ckpt))
+
+
+def test_a_failed_conversion_is_published_so_the_other_nodes_stop_waiting(tmp_path: Path, presets: Path) -> None:
+    plan = shrinking_plan(tmp_path / "run")
+    zero_checkpoint(plan.output_dir, 6, ranks=3)
+    attempt = tmp_path / "run" / "logs" / "1"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zr, "_run", FakeConverter(presets, fail=True))
+        with pytest.raises(NodeError, match="converter failed"):
+            resume.agree_on_resume(plan, attempt, leader=True, ranks=2)
+    assert json.loads((attempt / RESUME).read_text())["error"] == "converter failed"
+    with pytest.raises(NodeError, match="node 0 could not prepare the resume point: converter failed"):
+        resume.agree_on_resume(plan, attempt, leader=False)
+
+
+def test_a_stop_signal_during_the_conversion_starts_no_trainer(tmp_path: Path, converter: FakeConverter) -> None:
+    plan = shrinking_plan(tmp_path / "run")
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
+    signalled = lambda: zr.is_whole(ckpt)  # noqa: E731  (the signal comes while the converter runs)
+    with pytest.raises(resume.Interrupted, match="converted"):
+        resume.agree_on_resume(plan, tmp_path / "run" / "logs" / "1", leader=True, stopped=signalled, ranks=2)
+    assert zr.is_whole(ckpt)  # kept: the next attempt reuses it
+
+
+def test_a_node_never_resumes_from_a_missing_or_half_built_universal_form(tmp_path: Path) -> None:
+    plan = shrinking_plan(tmp_path / "run")
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
+    point = ResumePoint(ckpt, 6)
+    with pytest.raises(NodeError, match=r"universal form .*checkpoint-6-universal is missing or incomplete"):
+        watch.resume_args(plan, leader_of(2), point)
+    (zr.universal_companion(ckpt) / "global_step6_universal").mkdir(parents=True)  # not renamed by convert()
+    with pytest.raises(NodeError, match="missing or incomplete"):
+        watch.resume_args(plan, leader_of(2), point)
+
+
+def test_a_requeued_attempt_on_fewer_nodes_trains_from_the_converted_checkpoint(
+    tmp_path: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    plan = shrinking_plan(run_dir)
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)  # written by the first attempt on 3 nodes
+    trained: list[tuple[str, ...]] = []
+
+    def fake_train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt_id: str, point: ResumePoint, *_: object):  # type: ignore[no-untyped-def]
+        trained.append(watch.resume_args(plan, where, point))
+        raise RuntimeError("the trainer would start here")
+
+    monkeypatch.setattr(attempt_mod, "train", fake_train)
+    with pytest.raises(RuntimeError, match="the trainer would start here"):
+        attempt_mod.run(run_dir, plan, leader_of(2))
+    assert trained == [zr.universal_resume_args(ckpt)]
+    assert zr.is_whole(ckpt) and ck.problems(ckpt) == []  # the committed checkpoint is untouched
+
+
+def test_the_universal_form_is_never_uploaded(tmp_path: Path, presets: Path) -> None:
+    ckpt = zero_checkpoint(tmp_path / "output", 6, ranks=2)
+    zr.convert(ckpt, "zero2", "py", FakeConverter(presets))
+    assert [path for _, path in ck.checkpoint_dirs(tmp_path / "output")] == [ckpt]  # what NodeSync uploads

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import NodeError
+from swiftslurm.node.ckpt.checkpoint import universal_companion
 from swiftslurm.node.engines import zero_reshard
 from swiftslurm.node.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value
 from swiftslurm.node.progress import finished_steps
@@ -37,15 +39,16 @@ class HfTrainerEngine(Engine):
         return "--deepspeed" in swift_argv
 
     def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
-        # FSDP2 saves a torch distributed checkpoint, which reshards on load. DeepSpeed's ZeRO checkpoints hold
-        # one optimizer shard per data-parallel rank; loading them at another world size needs DeepSpeed's
-        # universal checkpoint (ds_to_universal + checkpoint.load_universal), which swiftslurm does not drive yet.
-        if args.get("deepspeed"):
+        # FSDP2 saves a torch distributed checkpoint, which reshards on load. A DeepSpeed ZeRO-1/2 checkpoint
+        # holds one optimizer shard per data-parallel rank; the leader converts it to DeepSpeed's universal
+        # form for another size (prepare_reshard). ZeRO-3 and offload are not verified that way.
+        deepspeed = args.get("deepspeed")
+        if deepspeed and (why := zero_reshard.unsupported(str(deepspeed))) is not None:
             return (
-                f"resilience.min_nodes with DeepSpeed (deepspeed={args['deepspeed']}): a ZeRO checkpoint holds one "
-                "optimizer shard per data-parallel rank and swiftslurm cannot yet reshard it for fewer nodes "
-                "(DeepSpeed's universal checkpoint). HINT: use strategy=ddp, LoRA or strategy=fsdp2, or leave "
-                "resilience.min_nodes out."
+                f"resilience.min_nodes with DeepSpeed (deepspeed={deepspeed}): {why}, and a ZeRO checkpoint "
+                "holds one optimizer shard per data-parallel rank. HINT: use strategy=zero2 (or zero1) without "
+                "offload, strategy=ddp, LoRA or strategy=fsdp2, or leave resilience.min_nodes out "
+                "(docs/resilience.md, 'Resume on fewer nodes')."
             )
         return None
 
@@ -60,11 +63,16 @@ class HfTrainerEngine(Engine):
             zero_reshard.convert(checkpoint, deepspeed, python)
 
     def resume_args_at(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int) -> tuple[str, ...]:
-        if argv_value(swift_argv, "deepspeed") and zero_reshard.needs_universal(
-            zero_reshard.zero_shards(checkpoint), data_parallel
-        ):
-            return zero_reshard.universal_resume_args(checkpoint)
-        return self.resume_args(checkpoint, swift_argv)
+        shards = zero_reshard.zero_shards(checkpoint)
+        if not (argv_value(swift_argv, "deepspeed") and zero_reshard.needs_universal(shards, data_parallel)):
+            return self.resume_args(checkpoint, swift_argv)
+        if not zero_reshard.is_whole(checkpoint):  # the leader publishes the resume point only after convert()
+            raise NodeError(
+                f"{checkpoint} was written by {shards} ranks and this attempt has {data_parallel}, but its "
+                f"universal form {universal_companion(checkpoint)} is missing or incomplete. HINT: "
+                "node 0's log says why its conversion failed; the next attempt converts it again."
+            )
+        return zero_reshard.universal_resume_args(checkpoint)
 
     def reached_last_step(self, output_dir: Path) -> bool:
         # ms-swift's end-of-training summary, or (a run killed between its last commit and that summary) a

@@ -90,6 +90,32 @@ def planned_config(deepspeed: str, swift_config_dir: Path | None) -> dict[str, A
     return dict(json.loads(path.read_text() if path.is_file() else deepspeed))
 
 
+def unsupported(deepspeed: str) -> str | None:
+    """Why a run with `--deepspeed VALUE` (a preset name, a JSON file or string) could not resume at another
+    data-parallel size through the universal form (None: ZeRO-0/1/2 without offload, which it can). Known at
+    plan time, on the login node: presets by name (their files are in the training Python's ms-swift)."""
+    if deepspeed in SWIFT_PRESETS:
+        stage, offload = int(deepspeed[len("zero")]), deepspeed.endswith("_offload")
+    else:
+        try:
+            zero = planned_config(deepspeed, None).get("zero_optimization") or {}
+        except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+            return f"its ZeRO stage cannot be read ({err})"
+        stage = int(zero.get("stage", 0))
+        offload = any(_offloads(zero.get(key)) for key in ("offload_optimizer", "offload_param"))
+    if stage >= 3:
+        # Verified only at DeepSpeed level (zero_train.py): ms-swift's ZeRO-3 (zero.Init, the 16-bit weights
+        # gathered on save) through the universal form is not.
+        return f"ZeRO-3 (stage {stage}) is not verified to resume at another world size"
+    if offload:
+        return "ZeRO with CPU/NVMe offload is not verified to resume at another world size"
+    return None
+
+
+def _offloads(section: Any) -> bool:
+    return isinstance(section, Mapping) and str(section.get("device", "none")).lower() not in ("none", "")
+
+
 def universal_resume_args(checkpoint: Path) -> tuple[str, ...]:
     """ms-swift arguments, appended to the planned ones (its parser keeps the last value), that resume
     ``checkpoint`` from its universal form (convert() must have made it)."""
@@ -135,7 +161,7 @@ def convert(checkpoint: Path, deepspeed: str, python: str, run: Runner | None = 
     universal_resume_args(checkpoint)."""
     run = run or _run
     target = universal_companion(checkpoint)
-    if (target / _LATEST_UNIVERSAL).is_file():  # renamed into place only when whole
+    if is_whole(checkpoint):
         return target
     tag = zero_tag(checkpoint)
     if tag is None:
@@ -154,6 +180,12 @@ def convert(checkpoint: Path, deepspeed: str, python: str, run: Runner | None = 
         shutil.rmtree(building, ignore_errors=True)
         raise
     return target
+
+
+def is_whole(checkpoint: Path) -> bool:
+    """Whether ``checkpoint``'s universal form is whole: convert() renames it into place only then, so a
+    folder without its `latest_universal` was made by something else and is never resumed from."""
+    return (universal_companion(checkpoint) / _LATEST_UNIVERSAL).is_file()
 
 
 def _link_trainer_files(checkpoint: Path, into: Path) -> None:
