@@ -135,7 +135,7 @@ def test_without_min_nodes_ranks_and_batch_are_the_plans() -> None:
         # 6 samples over 3, 2 and 1 ranks divide; 3 nodes × micro 2 = 6 does not divide over 2 ranks × 2 = 4.
         (("global_batch_size=6", "micro_batch_size=2", "resilience.min_nodes=2"), r"multiple of 12"),
         (("global_batch_size=null", "resilience.min_nodes=2"), r"on 2 node\(s\) the global batch of 3"),
-        (("strategy=zero2", "resilience.min_nodes=2"), r"DeepSpeed.*universal checkpoint.*strategy=ddp"),
+        (("strategy=zero3", "resilience.min_nodes=2"), r"DeepSpeed.*ZeRO-3.*strategy=zero2"),
     ],
 )
 def test_a_run_that_could_not_shrink_is_refused_at_plan_time(overrides: tuple[str, ...], message: str) -> None:

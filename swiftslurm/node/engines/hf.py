@@ -46,8 +46,8 @@ class HfTrainerEngine(Engine):
         if deepspeed and (why := zero_reshard.unsupported(str(deepspeed))) is not None:
             return (
                 f"resilience.min_nodes with DeepSpeed (deepspeed={deepspeed}): {why}, and a ZeRO checkpoint "
-                "holds one optimizer shard per data-parallel rank. HINT: use strategy=zero2 (or zero1) without "
-                "offload, strategy=ddp, LoRA or strategy=fsdp2, or leave resilience.min_nodes out "
+                "holds one optimizer shard per data-parallel rank. HINT: use strategy=zero2 (ZeRO-1/2 without "
+                "offload), strategy=ddp, LoRA or strategy=fsdp2, or leave resilience.min_nodes out "
                 "(docs/resilience.md, 'Resume on fewer nodes')."
             )
         return None
