@@ -8,7 +8,8 @@ attempt's record (when the wrapper entered each phase, node/attempt.py) and from
 (global rank 0: training loop begun, each save and commit, loop ended; node/timeline.py):
 
     startup      job start -> the wrapper's attempt (allocation check, lease, preflight)
-    restore      choosing the resume point (quarantine; the restore from object storage)
+    restore      choosing the resume point (quarantine; the restore from object storage; converting a ZeRO
+                 checkpoint for another number of ranks, engines/zero_reshard.py)
     load         the trainer's start -> its training loop (ms-swift start-up, model and checkpoint load)
     committed    training whose steps a later commit of the same attempt covers
     lost         training after the attempt's last commit, up to the last sign of training (the steps a

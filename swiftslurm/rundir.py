@@ -26,6 +26,9 @@
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
                          .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
+                         checkpoint-<step>-universal/ (a ZeRO checkpoint's form for another number of
+                         ranks, derived, never uploaded; .checkpoint-<step>-universal.building-*/ while
+                         node 0 builds it; named by node/ckpt/checkpoint.py, engines/zero_reshard.py)
                          (a checkpoint's manifest is named by node/ckpt/checkpoint.py, with the commit format)
       submitit/          submitit's own files
 
