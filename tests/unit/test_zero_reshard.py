@@ -323,6 +323,19 @@ def test_a_failed_conversion_is_published_so_the_other_nodes_stop_waiting(tmp_pa
         resume.agree_on_resume(plan, attempt, leader=False)
 
 
+def test_a_conversion_that_cannot_read_its_config_is_published_as_a_resume_failure(
+    tmp_path: Path, converter: FakeConverter
+) -> None:
+    plan = shrinking_plan(tmp_path / "run")
+    ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
+    (converter.presets / "zero2.json").unlink()  # ms-swift's preset is not where its package says
+    attempt = tmp_path / "run" / "logs" / "1"
+    with pytest.raises(NodeError, match=r"universal form failed: .*zero2.json.*HINT"):
+        resume.agree_on_resume(plan, attempt, leader=True, ranks=2)
+    assert "zero2.json" in json.loads((attempt / RESUME).read_text())["error"]  # the other nodes stop waiting
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["checkpoint-6"]
+
+
 def test_a_stop_signal_during_the_conversion_starts_no_trainer(tmp_path: Path, converter: FakeConverter) -> None:
     plan = shrinking_plan(tmp_path / "run")
     ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)

@@ -167,6 +167,18 @@ def convert(checkpoint: Path, deepspeed: str, python: str, run: Runner | None = 
     if tag is None:
         raise NodeError(f"{checkpoint} has no DeepSpeed ZeRO state ({_LATEST} names no folder): nothing to convert")
     _remove_unfinished(target)
+    try:
+        _build(checkpoint, tag, deepspeed, python, run, target)
+    except (OSError, ValueError) as err:  # a full disk, an unreadable config: a resume failure like the others
+        raise NodeError(
+            f"converting {checkpoint} to DeepSpeed's universal form failed: {err}. HINT: the checkpoint itself "
+            "is unchanged; free space beside it or fix the DeepSpeed config, or resume at the node count that "
+            "wrote it (leave resilience.min_nodes out)."
+        ) from err
+    return target
+
+
+def _build(checkpoint: Path, tag: str, deepspeed: str, python: str, run: Runner, target: Path) -> None:
     config_dir = swift_config_dir(python, run) if deepspeed in SWIFT_PRESETS else None
     config = universal_config(planned_config(deepspeed, config_dir))
     building = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=checkpoint.parent))
@@ -179,7 +191,6 @@ def convert(checkpoint: Path, deepspeed: str, python: str, run: Runner | None = 
     except BaseException:  # a failure, or a stop signal's exception: nothing half-built stays behind
         shutil.rmtree(building, ignore_errors=True)
         raise
-    return target
 
 
 def is_whole(checkpoint: Path) -> bool:
