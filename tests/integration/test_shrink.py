@@ -16,6 +16,8 @@ Not run in the session that wrote it (the lead runs it after merging): see docs/
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import statistics
 from pathlib import Path
@@ -76,6 +78,17 @@ def losses(run_dir: Path) -> dict[int, float]:
     return found
 
 
+def schedule(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """step -> (learning rate, epoch) from ms-swift's logging.jsonl (a later attempt's line wins for a step)."""
+    found: dict[int, tuple[float, float]] = {}
+    for line in (run_dir / "output" / "logging.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            record = json.loads(line)
+            step = int(str(record["global_step/max_steps"]).split("/")[0])
+            found[step] = (float(record["learning_rate"]), float(record["epoch"]))
+    return found
+
+
 def mean_at(curve: dict[int, float], steps: list[int]) -> float:
     return statistics.fmean(curve[s] for s in steps)
 
@@ -132,6 +145,13 @@ def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
     command = exec_line(run_dir, resumed, 0) or ""
     assert "--resume_from_checkpoint" in command and command.endswith("--gradient_accumulation_steps 3"), command
     assert_losses_continue(whole, losses(run_dir), int(later[0]["resume_step"]))
+    # Same global batch: the learning-rate schedule and the data position (epoch) go on exactly as uninterrupted.
+    planned, shrunk = schedule(tmp_path / "whole"), schedule(run_dir)
+    after = [s for s in sorted(shrunk) if s > int(later[0]["resume_step"])]
+    assert after and all(shrunk[s] == pytest.approx(planned[s], rel=1e-6) for s in after), (
+        {s: shrunk[s] for s in after[:5]},
+        {s: planned.get(s) for s in after[:5]},
+    )
 
 
 def assert_losses_continue(whole: dict[int, float], shrunk: dict[int, float], resume_step: int) -> None:
