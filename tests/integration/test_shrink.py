@@ -145,10 +145,14 @@ def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
     command = exec_line(run_dir, resumed, 0) or ""
     assert "--resume_from_checkpoint" in command and command.endswith("--gradient_accumulation_steps 3"), command
     assert_losses_continue(whole, losses(run_dir), int(later[0]["resume_step"]))
-    # Same global batch: the learning-rate schedule and the data position (epoch) go on exactly as uninterrupted.
+    # Same global batch: the learning-rate schedule goes on exactly as uninterrupted, and the data position
+    # (epoch) with it; HF counts the epoch in per-rank batches (400 // 3 a rank on 3 nodes, 200 on 2), so it
+    # agrees to rounding, not exactly.
     planned, shrunk = schedule(tmp_path / "whole"), schedule(run_dir)
     after = [s for s in sorted(shrunk) if s > int(later[0]["resume_step"])]
-    assert after and all(shrunk[s] == pytest.approx(planned[s], rel=1e-6) for s in after), (
+    same = [shrunk[s][0] == pytest.approx(planned[s][0], rel=1e-6) for s in after]
+    near = [shrunk[s][1] == pytest.approx(planned[s][1], rel=0.01) for s in after]
+    assert after and all(same) and all(near), (
         {s: shrunk[s] for s in after[:5]},
         {s: planned.get(s) for s in after[:5]},
     )
