@@ -16,6 +16,8 @@ Not run in the session that wrote it (the lead runs it after merging): see docs/
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import statistics
 from pathlib import Path
@@ -68,6 +70,17 @@ def losses(run_dir: Path) -> dict[int, float]:
     for attempt in attempt_ids(run_dir):
         for loss, step in LOSS_LINE.findall(node_log(run_dir, attempt, 0)):
             found[int(step)] = float(loss)
+    return found
+
+
+def schedule(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """step -> (learning rate, epoch) from ms-swift's logging.jsonl (a later attempt's line wins for a step)."""
+    found: dict[int, tuple[float, float]] = {}
+    for line in (run_dir / "output" / "logging.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            record = json.loads(line)
+            step = int(str(record["global_step/max_steps"]).split("/")[0])
+            found[step] = (float(record["learning_rate"]), float(record["epoch"]))
     return found
 
 
@@ -129,6 +142,17 @@ def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
     # ZeRO-2's 3 optimizer shards load at 2 ranks only from the universal form node 0 made beside the checkpoint.
     assert (f"checkpoint-{later[0]['resume_step']}-universal" in command) == (strategy == "strategy=zero2"), command
     assert_losses_continue(whole, losses(run_dir), int(later[0]["resume_step"]))
+    # Same global batch: the learning-rate schedule goes on exactly as uninterrupted, and the data position
+    # (epoch) with it; HF counts the epoch in per-rank batches (400 // 3 a rank on 3 nodes, 200 on 2), so it
+    # agrees to rounding, not exactly.
+    planned, shrunk = schedule(tmp_path / "whole"), schedule(run_dir)
+    after = [s for s in sorted(shrunk) if s > int(later[0]["resume_step"])]
+    same = [shrunk[s][0] == pytest.approx(planned[s][0], rel=1e-6) for s in after]
+    near = [shrunk[s][1] == pytest.approx(planned[s][1], rel=0.01) for s in after]
+    assert after and all(same) and all(near), (
+        {s: shrunk[s] for s in after[:5]},
+        {s: planned.get(s) for s in after[:5]},
+    )
 
 
 def assert_losses_continue(whole: dict[int, float], shrunk: dict[int, float], resume_step: int) -> None:
