@@ -43,8 +43,8 @@ from tests.integration.test_faults import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 300
-SAVE_STEPS = 20
+STEPS = 60
+SAVE_STEPS = 10
 LAST_LOGS = 5
 FINAL_TOLERANCE = 0.15
 JUMP_TOLERANCE = 0.25
@@ -60,7 +60,7 @@ SHRINKING = (
     f"swift.save_steps={SAVE_STEPS}",
     *FAST_RETRIES,
 )
-# zero2: the leader converts checkpoint-20 (3 optimizer shards) to its universal form for 2 ranks.
+# zero2: the leader converts checkpoint-10 (3 optimizer shards) to its universal form for 2 ranks.
 STRATEGIES = ["strategy=ddp", "strategy=zero2"]
 
 
