@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 
 from swiftslurm.errors import ConfigError
+from swiftslurm.node.slurm_env import may_shrink
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import LOGS, SLURM_LOG
 
@@ -82,8 +83,22 @@ def render_sbatch(plan: JobPlan) -> str:
     for option, value in sbatch_directives(plan):
         lines.append(f"#SBATCH --{option}={sbatch_value(option, value)}" if value else f"#SBATCH --{option}")
     # -u only after cluster.setup: module and venv/conda activation scripts read unset variables.
-    lines += ["", "set -eo pipefail", *plan.setup, "set -u", ""]
+    lines += ["", "set -eo pipefail", *plan.setup, "set -u", *task_count_lines(plan), ""]
     node = [plan.python, *NODE_ENTRY, plan.run_dir]
     srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered", *node]
     lines.append(shlex.join(srun))
     return "\n".join(lines) + "\n"
+
+
+def task_count_lines(plan: JobPlan) -> list[str]:
+    """Batch-script lines that make srun start one task per node of *this* allocation, for a run that may
+    resume on fewer nodes (`resilience.min_nodes`). sbatch stores SLURM_NTASKS / SLURM_NPROCS in the job's
+    environment at submission, and a requeued job keeps them after `scontrol update NumNodes NumTasks`: srun
+    then asks for 3 tasks on 2 nodes ("More processors requested than permitted", or 2 tasks on one node).
+    Nothing for other runs: their allocation is the submitted one."""
+    if not may_shrink(plan):
+        return []
+    return [
+        "# A requeue may have shrunk the job (resilience.min_nodes): one task per node of this allocation.",
+        'export SLURM_NTASKS="$SLURM_JOB_NUM_NODES" SLURM_NPROCS="$SLURM_JOB_NUM_NODES"',
+    ]

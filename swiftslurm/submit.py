@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from swiftslurm import rundir, slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError
 from swiftslurm.plan import JobPlan, plan_digest
-from swiftslurm.render import render_sbatch
+from swiftslurm.render import render_sbatch, task_count_lines
 from swiftslurm.validate import NO_TIME_LIMIT
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
         "timeout_min": spec.time_min,
         "slurm_partition": spec.partition,
         "slurm_signal_delay_s": int(spec.signal.split("@")[1]),
-        "slurm_setup": list(plan.setup),
+        "slurm_setup": [*plan.setup, *task_count_lines(plan)],
         "slurm_additional_parameters": extra,
         "slurm_srun_args": ["--kill-on-bad-exit=1"],
     }
