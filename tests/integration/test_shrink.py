@@ -7,11 +7,14 @@ Tolerances, and why: the tiny model's per-step loss (logged every 5 steps) is no
 draws its permutation over `len(dataset) // world_size * world_size` samples, so with the 400-sample tiny
 dataset the 2-node order after the resume is not the 3-node one (400 is not a multiple of 3). The same
 global batch, learning-rate schedule and step count must still land where the uninterrupted run does:
-- FINAL_TOLERANCE: the mean loss of the last LAST_LOGS logged steps within 15 % of the uninterrupted run's.
-- JUMP_TOLERANCE: the first LAST_LOGS losses after the resume within 25 % of the uninterrupted run's at the
-  same steps (a restart from scratch, or a reset learning-rate schedule, is several times that).
+- FINAL_TOLERANCE: the mean loss of the last LAST_LOGS logged steps within 5 % of the uninterrupted run's.
+- JUMP_TOLERANCE: the first LAST_LOGS losses after the resume within 5 % of the uninterrupted run's at the
+  same steps. The tiny model's loss moves only ~7 % in 60 steps, so a restart from scratch or a reset
+  schedule is caught by the exact checks instead: `--resume_from_checkpoint` in the resumed command and the
+  learning rate equal to the uninterrupted run's at every logged step.
 
-Not run in the session that wrote it (the lead runs it after merging): see docs/resilience.md.
+Measured on 2026-12-01 (60 steps, node 3 lost after checkpoint-10): 0.1 % just after the resume, 0.0 % at the
+end, for ddp and zero2; the learning rate equal at every logged step.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 60
 SAVE_STEPS = 10
 LAST_LOGS = 5
-FINAL_TOLERANCE = 0.15
-JUMP_TOLERANCE = 0.25
+FINAL_TOLERANCE = 0.05  # measured 2026-12-01: 0.0 % (ddp and zero2)
+JUMP_TOLERANCE = 0.05  # measured: 0.1 %
 LOSS_LINE = re.compile(r"'loss': '([\d.]+)'.*?'global_step/max_steps': '(\d+)/\d+'")
 SHRINKING = (
     "cluster.nodes=3",
