@@ -151,9 +151,11 @@ class SweepCallback:
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if config.get("dry_run"):
             return
+        path = Path(config.hydra.sweep.dir).resolve()
+        # The points' run dirs are printed as they are submitted; the sweep dir that gathers them is not.
+        print(f"sweep dir {path}: `python -m swiftslurm status {path}` (--plot, --json); `cancel` or `resume` it")
         if not config.get("wait"):
             return
-        path = Path(config.hydra.sweep.dir).resolve()
         from swiftslurm.follow import watch_points
         from swiftslurm.status import collect, render
 

@@ -218,3 +218,18 @@ def test_points_are_the_ones_hydras_basic_sweeper_makes_in_its_order(args: list[
         assert [(o.key_or_group, o.value(), o.type) for o in point] == [
             (o.key_or_group, o.value(), o.type) for o in parser.parse_overrides(lines)
         ]
+
+
+def test_a_submitted_sweep_names_its_sweep_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each point's run dir is printed as it is submitted; the sweep dir (what `status`, `cancel` and `resume`
+    take, under runs/sweeps/<date>_<time>) must be said too, or a newcomer has to go looking for it."""
+    from omegaconf import OmegaConf
+
+    from swiftslurm.sweep import SweepCallback
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweeps" / "s1")}}, "wait": False})
+    SweepCallback().on_multirun_end(config)
+    said = capsys.readouterr().out
+    assert f"sweep dir {tmp_path / 'sweeps' / 's1'}: `python -m swiftslurm status {tmp_path / 'sweeps' / 's1'}`" in said
+    SweepCallback().on_multirun_end(OmegaConf.merge(config, {"dry_run": True}))
+    assert capsys.readouterr().out == ""  # a dry run submitted nothing
