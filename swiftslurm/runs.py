@@ -231,8 +231,10 @@ def gather(
     """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
     ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
     plan = read_json(plan_file(run_dir)) or {}
-    status = read_status(run_dir) or {}
     job = submission(run_dir)
+    status = read_status(run_dir) or {}
+    if superseded(status, job):
+        status = {}  # the wrapper's last word is about an earlier job: the new one's state is SLURM's
     attempts = read_attempts(run_dir)
     metrics = read_metrics(run_dir)
     job_id = str(job.get("job_id") or status.get("job_id") or "") or None
@@ -287,6 +289,15 @@ def submission(run_dir: Path) -> dict[str, Any]:
     ids = [f.name[len(prefix) : -len(suffix)] for f in logs_dir(run_dir).glob(SLURM_LOG.replace("%j", "*"))]
     numeric = sorted((int(i) for i in ids if i.isdigit()), reverse=True)
     return {"job_id": str(numeric[0]), "scheduler": "slurm", "by_hand": True} if numeric else {}
+
+
+def superseded(status: dict[str, Any], job: dict[str, Any]) -> bool:
+    """Whether status.json speaks of an earlier job than the run's latest submission (`resume`, or the same
+    command again, after the run was cancelled or failed): its final state must not hide the new job."""
+    written, latest = str(status.get("job_id") or ""), str(job.get("job_id") or "")
+    if not written or not latest or written == latest:
+        return False
+    return float(job.get("submitted") or 0) > float(status.get("updated") or 0)
 
 
 def _hand_submitted_why(run_dir: Path, job_id: str, state: str, why: str) -> str:

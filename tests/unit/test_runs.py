@@ -135,3 +135,18 @@ def test_a_run_submitted_by_hand_whose_wrapper_never_started_points_at_slurms_ou
     assert unknown.state == "pending" and unknown.why == (
         f"submitted by hand as job 77; no word from the wrapper yet: see {run_dir}/logs/slurm-77.out"
     )
+
+
+def test_a_resubmitted_run_is_not_hidden_by_the_earlier_jobs_final_state(tmp_path: Path) -> None:
+    """`resume` after a cancel: status.json still holds the old job's `cancelled` until the new job's wrapper
+    writes; the run is the new job's (pending, running), or `logs -f` right after `resume` ends at once."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": "r"}))
+    (run_dir / "status.json").write_text(json.dumps({"state": "cancelled", "job_id": "30", "updated": 1000.0}))
+    (run_dir / "job.json").write_text(json.dumps({"job_id": "30", "scheduler": "slurm", "submitted": 900.0}))
+    assert gather(run_dir).state == "cancelled"
+    (run_dir / "job.json").write_text(json.dumps({"job_id": "31", "scheduler": "slurm", "submitted": 1010.0}))
+    resumed = gather(run_dir, SlurmView(available=True, states={"31": "PENDING"}))
+    assert (resumed.state, resumed.job_id) == ("pending", "31")
+    assert gather(run_dir).state == "pending"  # SLURM not asked: submitted, no word yet
