@@ -10,8 +10,8 @@ from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
-from swiftslurm.rundir import SBATCH
-from swiftslurm.runs import read_metrics
+from swiftslurm.rundir import PREFLIGHT_REPORT, SBATCH, preflight_dir
+from swiftslurm.runs import read_json, read_metrics
 
 EXAMPLE_JOB_ID = "12345"
 
@@ -103,8 +103,22 @@ def result_summary(plan: JobPlan) -> str:
     return "\n".join(
         [
             f"state            {status.get('state', 'unknown')}: {status.get('why', '')} ({attempts} attempt(s))",
+            *([f"preflight        {preflight_verdict(Path(plan.run_dir))}"] if plan.preflight.enabled else []),
             f"run dir          {plan.run_dir}",
             f"final loss       {loss:.4f}" if loss is not None else "final loss       (none logged)",
             f"last checkpoint  {checkpoint or '(none)'}",
         ]
     )
+
+
+def preflight_verdict(run_dir: Path) -> str:
+    """The newest preflight report's verdict in a line (`preflight=true`: each attempt's checks, node 0's report)."""
+    reports = sorted(preflight_dir(run_dir).glob(f"*/{PREFLIGHT_REPORT}"), key=lambda f: f.stat().st_mtime)
+    report = read_json(reports[-1]) if reports else None
+    if not report:
+        return "no report (the job ended before its checks did)"
+    failed = [(n["host"], c) for n in report.get("nodes", []) for c in n.get("checks", []) if not c.get("ok")]
+    if not failed:
+        return f"passed on {len(report.get('nodes', []))} node(s) ({reports[-1]})"
+    host, check = failed[0]
+    return f"FAILED {len(failed)} check(s), first: {host} {check.get('name')}: {check.get('detail')} ({reports[-1]})"

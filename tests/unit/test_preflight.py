@@ -219,3 +219,24 @@ def test_a_peer_that_never_checked_in_is_named_in_node_0s_rows_and_blamed(tmp_pa
     assert "node2 did not check in at node1:" in rows[1]
     first = report.first_failure()
     assert first is not None and first.startswith("node2: node1 cannot see ")
+
+
+def test_a_waited_for_run_with_preflight_says_its_verdict(tmp_path: Path) -> None:
+    """`preflight=true wait=true` printed the run's result without a word about the checks (they were only in
+    node 0's log): the result names the verdict and the report, passed or failed."""
+    from dataclasses import replace
+
+    from swiftslurm.report import result_summary
+
+    plan = plan_for("+cluster=local-slurm", "preflight=true")
+    plan = replace(plan, run_dir=str(tmp_path / "run"))
+    assert "preflight        no report" in result_summary(plan)
+    report = tmp_path / "run" / "preflight" / "32" / "report.json"
+    report.parent.mkdir(parents=True)
+    check = {"name": "run dir visible", "ok": True, "detail": "read plan.json"}
+    report.write_text(json.dumps({"nodes": [{"host": "node1", "checks": [check]}, {"host": "node2", "checks": []}]}))
+    assert f"preflight        passed on 2 node(s) ({report})" in result_summary(plan)
+    check.update(ok=False, detail="no such file")
+    report.write_text(json.dumps({"nodes": [{"host": "node2", "checks": [check]}]}))
+    assert "preflight        FAILED 1 check(s), first: node2 run dir visible: no such file" in result_summary(plan)
+    assert "preflight" not in result_summary(replace(plan, preflight=replace(plan.preflight, enabled=False)))
