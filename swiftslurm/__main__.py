@@ -46,12 +46,8 @@ def run(cfg: DictConfig) -> int:
         if warning is not None:
             print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        report = (
-            dry_run_text(plan, run_dir, skip),
-            memory_plan.memory_line(config),
-            memory_plan.shrink_line(config, plan),
-        )
-        print("\n".join(line for line in report if line))  # the shrink line only for a run that may shrink
+        notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan))
+        print(dry_run_text(plan, run_dir, skip, tuple(n for n in notes if n)))  # shrink: only a run that may
         return 0
     if skip is not None:
         print(f"{plan.run_name}: {skip}", flush=True)

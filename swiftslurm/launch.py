@@ -59,14 +59,16 @@ def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
     return None
 
 
-def dry_run_text(plan: JobPlan, run_dir: Path, not_written: str | None = None) -> str:
-    """The dry run's report; ``not_written``: why the run dir was left as it is (its run finished or is queued)."""
+def dry_run_text(plan: JobPlan, run_dir: Path, not_written: str | None = None, notes: tuple[str, ...] = ()) -> str:
+    """The dry run's report; ``not_written``: why the run dir was left as it is (its run finished or is queued);
+    ``notes``: lines about the plan (the memory estimate) put before what was done, which ends the report."""
     how = f"sbatch {run_dir / rundir.SBATCH}" if plan.slurm else "python -m swiftslurm.node RUN_DIR"
+    report = "\n".join([dry_run_report(plan), *(["", *notes] if notes else [])])
     if not_written is not None:
         left = f"Nothing submitted (dry_run=true), nothing written: {run_dir} is {not_written}"
-        return f"{dry_run_report(plan)}\n\n{left}"
+        return f"{report}\n\n{left}"
     written = f"Nothing submitted (dry_run=true). Run directory written: {run_dir}"
-    return f"{dry_run_report(plan)}\n\n{written}\nSubmit by hand: {how}"
+    return f"{report}\n\n{written}\nSubmit by hand: {how}"
 
 
 def ready_to_submit(plans: list[JobPlan]) -> None:

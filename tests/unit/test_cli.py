@@ -34,7 +34,8 @@ def test_dry_run_prints_plan_script_node_table_and_command(tmp_path: Path) -> No
         assert column in out
     assert "NCCL_IB_DISABLE=0" in out and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in out
     assert "--deepspeed zero3" in out and "--model Qwen/Qwen3-8B" in out
-    assert "Nothing submitted" in out
+    # The memory estimate belongs to the plan; what was done (and how to submit by hand) ends the report.
+    assert out.index("memory   ~") < out.index("Nothing submitted") and out.rstrip().endswith("job.sbatch")
 
 
 def test_dry_run_writes_the_run_directory_and_submits_nothing(tmp_path: Path) -> None:
