@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.signals import SignalLog
+from swiftslurm.node.signals import SignalLog, ignore_from_now_on
 from swiftslurm.node.supervise import exit_code, run_node
 
 
@@ -15,12 +15,14 @@ def main(argv: list[str] | None = None) -> int:
         say("usage: python -m swiftslurm.node RUN_DIR")
         return 2
     signals = SignalLog()
-    signals.install()  # for the rest of the process: a late signal must not kill it by default action either
+    signals.install()  # until the node's work is done; then ignored, so a late signal cannot kill the process
     try:
         return exit_code(run_node(args[0], signals))
     except SwiftSlurmError as err:
         say(f"swiftslurm: {err}")
         return 2
+    finally:
+        ignore_from_now_on()
 
 
 def say(line: str) -> None:

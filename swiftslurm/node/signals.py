@@ -61,6 +61,16 @@ class SignalLog:
                 signal.signal(sig, handler)
 
 
+def ignore_from_now_on(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """The node's work is done, its result written: a stop signal now has nothing left to stop, so the kernel
+    ignores it for the rest of the process. A Python handler does not last that long: interpreter shutdown
+    puts SIG_DFL back for every signal that has one (CPython's _PySignal_Fini; SIG_IGN is left alone). A USR2 in
+    a finished follower's last milliseconds killed it by default action; srun saw a task die of a signal,
+    killed the leader in its upload drain (--kill-on-bad-exit) and SLURM recorded the finished run as FAILED."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def parent_pids(proc: Path = Path("/proc")) -> dict[int, int]:
     """pid -> parent pid of every live process (one pass over /proc)."""
     found = {}

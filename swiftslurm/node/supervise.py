@@ -22,7 +22,7 @@ from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt, decide
 from swiftslurm.node.attempt import NodeResult, attempt_id
 from swiftslurm.node.conclude import record_refusal
-from swiftslurm.node.signals import SignalLog
+from swiftslurm.node.signals import SignalLog, ignore_from_now_on
 from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import plan_file
@@ -69,11 +69,15 @@ def submitit_entry(run_dir: str) -> NodeResult:
     """What submitit pickles and runs on every node: like run_node, but a stopped run raises.
 
     submitit installed its own handlers before calling this: on USR2 it would `scontrol requeue` the job
-    itself and exit, whatever this attempt is doing. The wrapper's replace them for the rest of the process,
-    after this returns too (submitit then only writes the result), so submitit never requeues by itself."""
+    itself and exit, whatever this attempt is doing. The wrapper's replace them, and once this returns the stop
+    signals are ignored (submitit then only writes the result), so submitit never requeues by itself and a late
+    signal cannot kill the finished process (signals.ignore_from_now_on)."""
     signals = SignalLog()
     signals.install()
-    result = run_node(run_dir, signals)
+    try:
+        result = run_node(run_dir, signals)
+    finally:
+        ignore_from_now_on()  # submitit only writes the result from here, then the interpreter shuts down
     if result.decision == decide.Action.STOP.value:
         raise TrainingFailed(f"run stopped: {result.why}")
     return result

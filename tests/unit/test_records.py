@@ -119,6 +119,7 @@ def test_the_wrappers_refusal_is_one_whole_line_on_stderr(tmp_path: Path, monkey
     `...cluster.nodes=1.srun: error: ...`. The line now arrives whole, newline included."""
     stderr = Writes()
     monkeypatch.setattr("sys.stderr", stderr)
+    monkeypatch.setattr(node_main, "ignore_from_now_on", lambda: None)  # pytest's own process goes on
     assert node_main.main([str(tmp_path / "no-run-dir")]) == 2
     assert len(stderr.calls) == 1 and stderr.calls[0].endswith("\n") and "plan.json" in stderr.calls[0]
 

@@ -257,3 +257,41 @@ def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+ENDED_CHILD = """
+import signal, sys
+from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.node.__main__ import main
+from swiftslurm.node.supervise import submitit_entry
+
+if sys.argv[1] == "sbatch":
+    code = main([sys.argv[2]])  # no plan.json there: refused, after the wrapper installed its handlers
+else:
+    try:
+        submitit_entry(sys.argv[2])
+    except SwiftSlurmError:
+        code = 2
+status = open("/proc/self/status").read().splitlines()
+ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+print(code, [bool(ignored >> (s - 1) & 1) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)])
+"""
+
+
+@pytest.mark.parametrize("entry", ["sbatch", "submitit"])
+def test_a_finished_wrapper_ignores_stop_signals_until_the_process_is_gone(tmp_path: Path, entry: str) -> None:
+    """Interpreter shutdown puts SIG_DFL back for every signal with a Python handler, so a USR2 in a finished
+    follower's last milliseconds killed it by default action; srun then killed the leader in its upload drain and
+    SLURM called the finished run FAILED (seen in test_signals' drain test). Once a wrapper's work is done both
+    entry points leave the stop signals ignored at the kernel, which shutdown does not undo."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]
+    done = subprocess.run(
+        [sys.executable, "-c", ENDED_CHILD, entry, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "2 [True, True, True]", (done.stdout, done.stderr)
