@@ -67,7 +67,7 @@ def submit_and_wait(plan: JobPlan, timeout_s: float) -> tuple[str, pc.Report | N
     job_id = slurm_cli.run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
     print(f"submitted preflight job {job_id} ({plan.topology.nodes} node(s)); waiting for it", flush=True)
     _wait_for(job_id)
-    return job_id, _read_report(preflight_report(plan.run_dir, job_id))
+    return job_id, read_report(preflight_report(plan.run_dir, job_id))
 
 
 def _wait_for(job_id: str) -> None:
@@ -84,14 +84,12 @@ def _wait_for(job_id: str) -> None:
         time.sleep(POLL_S)
 
 
-def _read_report(path: Path) -> pc.Report | None:
+def read_report(path: Path) -> pc.Report | None:
+    """Node 0's report.json; None while there is none (or it cannot be read)."""
     try:
-        data = json.loads(path.read_text())
+        return pc.Report.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
-    nodes = tuple(pc.NodeReport.from_dict(n) for n in data["nodes"])
-    extra = {k: v for k, v in data.items() if k not in ("attempt", "ok", "nodes")}
-    return pc.Report(str(data["attempt"]), nodes, extra)
 
 
 def run_here(plan: JobPlan, run_dir: Path, timeout_s: float) -> pc.Report:

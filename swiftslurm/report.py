@@ -9,9 +9,10 @@ from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.slurm_env import SlurmEnv, rank_env
 from swiftslurm.plan import JobPlan
+from swiftslurm.preflight import read_report
 from swiftslurm.render import display_command, render_sbatch, swift_command
 from swiftslurm.rundir import PREFLIGHT_REPORT, SBATCH, preflight_dir
-from swiftslurm.runs import read_json, read_metrics
+from swiftslurm.runs import read_metrics
 
 EXAMPLE_JOB_ID = "12345"
 
@@ -114,11 +115,11 @@ def result_summary(plan: JobPlan) -> str:
 def preflight_verdict(run_dir: Path) -> str:
     """The newest preflight report's verdict in a line (`preflight=true`: each attempt's checks, node 0's report)."""
     reports = sorted(preflight_dir(run_dir).glob(f"*/{PREFLIGHT_REPORT}"), key=lambda f: f.stat().st_mtime)
-    report = read_json(reports[-1]) if reports else None
-    if not report:
+    report = read_report(reports[-1]) if reports else None
+    if report is None:
         return "no report (the job ended before its checks did)"
-    failed = [(n["host"], c) for n in report.get("nodes", []) for c in n.get("checks", []) if not c.get("ok")]
+    failed = report.failures()
     if not failed:
-        return f"passed on {len(report.get('nodes', []))} node(s) ({reports[-1]})"
-    host, check = failed[0]
-    return f"FAILED {len(failed)} check(s), first: {host} {check.get('name')}: {check.get('detail')} ({reports[-1]})"
+        return f"passed on {len(report.nodes)} node(s) ({reports[-1]})"
+    node, check = failed[0]
+    return f"FAILED {len(failed)} check(s), first: {node.host} {check.name}: {check.detail} ({reports[-1]})"

@@ -22,7 +22,7 @@ from swiftslurm.node.lease import Lease, job_alive
 from swiftslurm.node.progress import tail
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.signals import SAVE_SIGNAL
-from swiftslurm.node.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, may_shrink
+from swiftslurm.node.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, least_nodes, may_shrink
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import attempt_dir, node_log, plan_file, preflight_report, resume_file
@@ -308,8 +308,7 @@ def _spare_nodes(plan: JobPlan) -> int:
         size = slurm_cli.partition_size(partition)
     except SwiftSlurmError:
         return 0
-    needed = plan.resilience.min_nodes if may_shrink(plan) else plan.topology.nodes
-    return size - len(configured) - (needed or plan.topology.nodes)
+    return size - len(configured) - least_nodes(plan)
 
 
 def _with_node_count(plan: JobPlan, decision: decide.Decision) -> decide.Decision:
@@ -325,8 +324,7 @@ def _with_node_count(plan: JobPlan, decision: decide.Decision) -> decide.Decisio
         print(f"[swiftslurm] could not read the partition's nodes, not shrinking: {err}", flush=True)
         healthy = None
     excluded = {*configured_exclusions(plan), *decision.exclude_hosts}
-    least = plan.resilience.min_nodes or plan.topology.nodes
-    return decide.with_node_count(decision, plan.topology.nodes, least, healthy, excluded)
+    return decide.with_node_count(decision, plan.topology.nodes, least_nodes(plan), healthy, excluded)
 
 
 def _reached_last_step(plan: JobPlan) -> bool:

@@ -86,6 +86,13 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "ok": self.ok, "nodes": [n.to_dict() for n in self.nodes], **self.extra}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """report.json back (to_dict's inverse; `ok` is derived)."""
+        nodes = tuple(NodeReport.from_dict(n) for n in data["nodes"])
+        extra = {k: v for k, v in data.items() if k not in ("attempt", "ok", "nodes")}
+        return cls(str(data["attempt"]), nodes, extra)
+
 
 # ---------------------------------------------------------------- judging single facts
 

@@ -80,6 +80,12 @@ def may_shrink(plan: JobPlan) -> bool:
     return least is not None and least < plan.topology.nodes
 
 
+def least_nodes(plan: JobPlan) -> int:
+    """The fewest nodes an attempt may run on: `resilience.min_nodes` when the run may shrink, else the plan's."""
+    least = plan.resilience.min_nodes
+    return least if least is not None and may_shrink(plan) else plan.topology.nodes
+
+
 def attempt_nodes(where: SlurmEnv, plan: JobPlan) -> int:
     """The nodes this attempt trains on: SLURM's allocation when the run may shrink, else the planned count
     (which `check_allocation` makes the allocation's)."""
@@ -122,8 +128,8 @@ def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
 
 
 def _check_shrunk_allocation(where: SlurmEnv, plan: JobPlan) -> None:
-    least, planned = plan.resilience.min_nodes, plan.topology.nodes
-    if not least or least <= where.num_nodes <= planned:
+    least, planned = least_nodes(plan), plan.topology.nodes
+    if least <= where.num_nodes <= planned:
         return
     raise NodeError(
         f"The job has {where.num_nodes} node(s) but plan.json allows {least} to {planned} "

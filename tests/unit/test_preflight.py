@@ -234,9 +234,10 @@ def test_a_waited_for_run_with_preflight_says_its_verdict(tmp_path: Path) -> Non
     report = tmp_path / "run" / "preflight" / "32" / "report.json"
     report.parent.mkdir(parents=True)
     check = {"name": "run dir visible", "ok": True, "detail": "read plan.json"}
-    report.write_text(json.dumps({"nodes": [{"host": "node1", "checks": [check]}, {"host": "node2", "checks": []}]}))
+    nodes = [{"node": 0, "host": "node1", "checks": [check]}, {"node": 1, "host": "node2", "checks": []}]
+    report.write_text(json.dumps({"attempt": "32", "nodes": nodes}))
     assert f"preflight        passed on 2 node(s) ({report})" in result_summary(plan)
     check.update(ok=False, detail="no such file")
-    report.write_text(json.dumps({"nodes": [{"host": "node2", "checks": [check]}]}))
+    report.write_text(json.dumps({"attempt": "32", "nodes": [{"node": 1, "host": "node2", "checks": [check]}]}))
     assert "preflight        FAILED 1 check(s), first: node2 run dir visible: no such file" in result_summary(plan)
     assert "preflight" not in result_summary(replace(plan, preflight=replace(plan.preflight, enabled=False)))
