@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.runs import gather
 from tests.integration.test_faults import (
@@ -105,7 +106,13 @@ def lose_a_node_for_good(run_dir: Path, job: str) -> tuple[str, str]:
     """Once the first attempt has committed a checkpoint, lose its last node (never node 0, whose wrapper
     decides); return (the lost node, the attempt it ran)."""
     first = wait_until(lambda: next(iter(attempt_ids(run_dir)), None), 600, "the first attempt")
-    wait_until(lambda: (run_dir / "output" / f"checkpoint-{SAVE_STEPS}").is_dir(), 900, "a first checkpoint")
+
+    # Committed (its manifest written), not only begun: a node lost mid-save leaves nothing to resume from.
+    def committed() -> bool:
+        newest, _ = newest_committed(run_dir / "output")
+        return newest is not None and checkpoint_step(newest) >= SAVE_STEPS
+
+    wait_until(committed, 900, "a first committed checkpoint")
     hosts = job_hosts(job)
     assert len(hosts) == 3, hosts
     lose_node(hosts[2])
