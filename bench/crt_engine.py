@@ -33,11 +33,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import StorageError
+from swiftslurm.plan import StorageSpec
 from swiftslurm.storage.fetch import FileMismatch, RemoteFile
 from swiftslurm.storage.parallel import Cancelled
 from swiftslurm.storage.send import LocalFile
 from swiftslurm.storage.store import CheckpointStore
-from swiftslurm.storage_spec import StorageError, StorageSpec
 
 MiB = 1 << 20
 _VERIFY_THREADS = 2  # files hashed and fsynced at once, beside the CRT's downloads (as fetch.py's fsyncs)
@@ -254,6 +255,6 @@ class CrtCheckpointStore(CheckpointStore):
             raise self._damaged(step, entries[err.index], err.what) from err
         for below, _, _ in os.walk(staging):
             if below != str(staging):
-                from swiftslurm.node.ckpt.checkpoint import fsync_dir
+                from swiftslurm.rundir.jsonio import fsync_dir
 
                 fsync_dir(Path(below))

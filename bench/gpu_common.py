@@ -31,8 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
 
-from swiftslurm.node.engines.base import Engine  # noqa: E402
-from swiftslurm.node.signals import descendants  # noqa: E402
+from swiftslurm.engines.base import Engine  # noqa: E402
+from swiftslurm.signals import descendants  # noqa: E402
 
 FAKE_SLURM_BIN = REPO / "bench" / "fake_slurm"
 KILL_WAIT_S = 2.0  # SLURM's KillWait between the TERM and the KILL of a requeued job's tasks

@@ -46,7 +46,7 @@ from gpu_common import (
     step_of,
 )
 
-from swiftslurm.node.ckpt.checkpoint import newest_checkpoint
+from swiftslurm.ckpt.checkpoint import newest_checkpoint
 
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
 _STOP_SAVE = re.compile(r"\[swiftslurm\] stop signal: saving step (\d+)")

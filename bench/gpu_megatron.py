@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_common import REPO, FakeJob, committed_steps, hosts_for, plain_swift_argv, plan_run, read_jsonl, spread
 
-from swiftslurm.node.engines.megatron import MegatronEngine
-from swiftslurm.node.slurm_env import SlurmEnv, rank_env
+from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.slurm_env import SlurmEnv, rank_env
 
 ENGINE = MegatronEngine()
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_common import REPO, package_versions, plain_swift_argv, plan_run, python, read_jsonl
 
-from swiftslurm.node.engines.registry import engine_for
+from swiftslurm.engines.registry import engine_for
 
 CASES = {
     "ddp": ("strategy=ddp", "strategy.tuner_type=full"),

@@ -54,10 +54,10 @@ from gpu_common import (
     window_throughput,
 )
 
-from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.node.slurm_env import SlurmEnv, rank_env
+from swiftslurm.engines.registry import engine_for
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.slurm_env import SlurmEnv, rank_env
 
 STRATEGIES = {
     "ddp": ("strategy=ddp", "strategy.tuner_type=full"),

@@ -56,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST  # noqa: E402
+from swiftslurm.ckpt.checkpoint import MANIFEST  # noqa: E402
 from swiftslurm.plan import JobPlan  # noqa: E402
 from swiftslurm.render import swift_command  # noqa: E402
 

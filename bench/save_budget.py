@@ -44,7 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout's
 
-from swiftslurm.node.ckpt import checkpoint  # noqa: E402
+from swiftslurm.ckpt import checkpoint  # noqa: E402
 
 BLOCK = 64 << 20
 WEIGHTS_SHARE = 2 / 14  # bf16 weights of 14 bytes per parameter (plan.CHECKPOINT_GB_PER_B_PARAMS["full"])
@@ -88,7 +88,7 @@ def timed(fn: Any) -> float:
 def worker(rank: int, port: int, ranks: int, sizes: list[float], repeats: int, root: str, results: Any) -> None:
     import torch.distributed as dist
 
-    from swiftslurm.node.engines.hooks import Committer
+    from swiftslurm.engines.hooks import Committer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ranks), RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=ranks)

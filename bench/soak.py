@@ -38,15 +38,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from swiftslurm.node.ckpt.checkpoint import (  # noqa: E402
+from swiftslurm.ckpt.checkpoint import (  # noqa: E402
     MANIFEST,
     checkpoint_dirs,
     checkpoint_step,
     newest_checkpoint,
     problems,
 )
-from swiftslurm.node.records import read_attempts, read_status  # noqa: E402
-from swiftslurm.rundir import QUARANTINE  # noqa: E402
+from swiftslurm.rundir.layout import QUARANTINE  # noqa: E402
+from swiftslurm.rundir.records import read_attempts, read_status  # noqa: E402
 from tests.integration.test_faults import (  # noqa: E402
     RUN_ENDED,
     ResumeSeen,

@@ -58,8 +58,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm and tests/ are this checkout's
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit  # noqa: E402
-from swiftslurm.rundir import UPLOAD_HISTORY  # noqa: E402
+from swiftslurm.ckpt.checkpoint import MANIFEST, commit  # noqa: E402
+from swiftslurm.rundir.layout import UPLOAD_HISTORY  # noqa: E402
 
 STEP_TIMES = "step_times.json"  # written by bench/step_times_plugin.py into the run's output dir
 
@@ -227,7 +227,7 @@ def start_light(mode: str, data_root: Path) -> Target:
 
 
 def spec(endpoint_url: str, prefix: str, **options: Any) -> Any:
-    from swiftslurm.storage_spec import StorageSpec
+    from swiftslurm.plan import StorageSpec
 
     return StorageSpec(
         bucket=BUCKET, prefix=prefix, endpoint_url=endpoint_url, region=REGION, addressing_style="path", **options

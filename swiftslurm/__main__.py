@@ -7,7 +7,7 @@ Examples:
     python -m swiftslurm -m +cluster=local-slurm swift.learning_rate=1e-4,2e-4 strategy=ddp,zero2  # a sweep
 
 Operating runs: `python -m swiftslurm status|logs|cancel|resume|preflight ...` (see `... status -h`).
-`python -m swiftslurm --help` lists them all (swiftslurm/cli_help.py); Hydra's own help is `--hydra-help`.
+`python -m swiftslurm --help` lists them all (swiftslurm/cli/help.py); Hydra's own help is `--hydra-help`.
 """
 
 from __future__ import annotations
@@ -19,21 +19,22 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from swiftslurm import memory_plan
-from swiftslurm.config import open_dict_overrides, register_configs
+from swiftslurm.cli.mistakes import to_config
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, to_config, wait_for
-from swiftslurm.plan import PlanContext, make_plan, save_budget_warning
-from swiftslurm.sweep import discard_unplanned_sweeps
+from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
+from swiftslurm.planning import memory_plan
+from swiftslurm.planning.config import open_dict_overrides, register_configs
+from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning
+from swiftslurm.sweep.callback import discard_unplanned_sweeps
 
 __all__ = ["main", "to_config"]
 CHECKOUT = Path(__file__).resolve().parent.parent  # holds conf/ and hydra_plugins/
 
 
 def run(cfg: DictConfig) -> int:
-    """One run (a `-m` sweep goes through hydra_plugins/swiftslurm_sweeper and swiftslurm/sweeper.py instead)."""
-    from swiftslurm import submit
-    from swiftslurm.runs import record_submission
+    """One run (a `-m` sweep goes through hydra_plugins/swiftslurm_sweeper and swiftslurm/sweep/sweeper.py instead)."""
+    from swiftslurm.rundir.records import record_submission
+    from swiftslurm.submit import jobs as submit
 
     config = to_config(cfg)
     plan = make_plan(config, PlanContext(cwd=Path.cwd()))
@@ -73,16 +74,16 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from swiftslurm import cli_errors
-    from swiftslurm.cli_help import COMMANDS, HELP_FLAGS, render
+    from swiftslurm.cli import mistakes as cli_errors
+    from swiftslurm.cli.help import COMMANDS, HELP_FLAGS, render
 
     first = sys.argv[1] if len(sys.argv) > 1 else ""
     if first in COMMANDS:  # `swiftslurm status DIR`: not a Hydra override
         import importlib
 
         module = importlib.import_module(COMMANDS[first][0])
-        args = sys.argv[2:] if module.__name__ != "swiftslurm.ops" else sys.argv[1:]
-        from swiftslurm.pipes import quiet_on_closed_pipe
+        args = sys.argv[2:] if module.__name__ != "swiftslurm.ops.control" else sys.argv[1:]
+        from swiftslurm.cli.pipes import quiet_on_closed_pipe
 
         sys.exit(quiet_on_closed_pipe(module.main, args))
     if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # ours, not Hydra's (that is --hydra-help)
@@ -100,7 +101,7 @@ def compose_and_run(args: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from swiftslurm import cli_errors
+    from swiftslurm.cli import mistakes as cli_errors
 
     flag = next((a for a in args if a.startswith("-") and not cli_errors.HYDRA_FLAGS.match(a)), None)
     if flag is not None:
@@ -120,7 +121,7 @@ def compose_and_run(args: list[str]) -> int:
         if user_asked_for_traceback:
             raise
         code = refuse(cli_errors.hydra_error_message(err, args))
-    except SwiftSlurmError as err:  # a sweep point refused (swiftslurm/sweeper.py plans them all first)
+    except SwiftSlurmError as err:  # a sweep point refused (swiftslurm/sweep/sweeper.py plans them all first)
         code = refuse(str(err))
     finally:
         if not user_asked_for_traceback:

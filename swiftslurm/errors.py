@@ -35,3 +35,7 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str:
 def one_of(valid: Iterable[str]) -> str:
     """'Valid values are: a, b, c.' with the names sorted, for messages that list choices."""
     return "Valid values are: " + ", ".join(sorted(valid)) + "."
+
+
+class StorageError(SwiftSlurmError):
+    """The object store refused or failed an operation; the message says what to change."""

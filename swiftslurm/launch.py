@@ -12,14 +12,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
-
-from swiftslurm import rundir
-from swiftslurm.config import Config
-from swiftslurm.errors import ConfigError
 from swiftslurm.plan import JobPlan
-from swiftslurm.report import dry_run_report, result_summary
+from swiftslurm.rundir import layout as rundir
+from swiftslurm.submit.report import dry_run_report, result_summary
 
 if TYPE_CHECKING:
     import submitit
@@ -27,26 +22,12 @@ if TYPE_CHECKING:
 POLL_S = 2.0
 
 
-def to_config(cfg: DictConfig) -> Config:
-    from swiftslurm import cli_errors
-
-    cli_errors.check_known_keys(cfg)
-    try:
-        config = OmegaConf.to_object(cfg)
-    except MissingMandatoryValue as err:
-        raise ConfigError(f"{err.full_key} has no value. HINT: set {err.full_key}=VALUE.") from err
-    except InterpolationResolutionError as err:
-        raise ConfigError(cli_errors.interpolation_message(err)) from err
-    assert isinstance(config, Config)  # the root schema guarantees it
-    return config
-
-
 def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
     """Why this run is not submitted again (finished, or its job still queued or running); None to submit.
     Makes re-running a command (or a sweep) resume what stopped and leave alone what did not. Asked before the
     run dir is written: a run that is not submitted keeps its files as they are (`status` reads them).
     ``run_dir_given``: the user chose the run dir (run_dir=), so only another run_dir makes a new run."""
-    from swiftslurm.ops import ACTIVE_STATES, facts_of
+    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
 
     if not (run_dir / rundir.JOB).is_file():
         return None

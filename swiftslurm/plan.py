@@ -1,31 +1,25 @@
 """The resolved plan: every fact a run needs, computed once, validated, frozen.
 
-``make_plan(config)`` is the only place where the composed configuration is interpreted. Its result,
-``JobPlan``, is written to ``plan.json`` in the run directory and is the only thing the node side
-reads (``JobPlan.load_checked``: only the plan.json whose SHA-256 was recorded when the run dir was prepared).
-Nothing here imports Hydra, torch or ms-swift: planning must stay fast.
+``make_plan(config)`` (swiftslurm/planning/make.py) is the only place where the composed configuration is
+interpreted. Its result, ``JobPlan``, is written to ``plan.json`` in the run directory and is the only thing the
+node side reads (``JobPlan.load_checked``: only the plan.json whose SHA-256 was recorded when the run dir was prepared).
+Nothing here imports Hydra, torch or ms-swift: both sides read it, and the node side never loads the planner.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from swiftslurm import memory_plan, rundir, tiny, validate
-from swiftslurm.errors import ConfigError, NodeError
-from swiftslurm.node.engines.base import as_list
-from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.storage_spec import StorageSpec
+from swiftslurm.engines.registry import engine_for
+from swiftslurm.errors import ConfigError, NodeError, StorageError, one_of
+from swiftslurm.rundir import layout as rundir
 
-if TYPE_CHECKING:
-    from swiftslurm.config import Config
-
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: the package regroup (plugin paths under swiftslurm/engines/)
 IDENTITY_CHARS = 16  # hex digits of a plan's identity: enough to tell runs apart, short enough to read
 PORT_SPAN = 20000  # master ports are base + job id mod PORT_SPAN
 # DeepSpeed's ZeRO stages do not train over gloo (CPU) without it; a no-op where CUDA exists.
@@ -125,7 +119,7 @@ class Resilience:
 @dataclass(frozen=True)
 class PreflightSpec:
     """The pre-launch checks (node/preflight.py): a job's first step with `preflight=true`, or on their own
-    with `python -m swiftslurm.preflight RUN_DIR`."""
+    with `python -m swiftslurm.submit.preflight RUN_DIR`."""
 
     enabled: bool = False
     timeout_s: float = 60.0
@@ -250,301 +244,60 @@ def _dataclass_type(annotation: Any) -> type | None:
     return candidate if isinstance(candidate, type) and is_dataclass(candidate) else None
 
 
-# ---------------------------------------------------------------------------------------------
-# make_plan: configuration -> JobPlan
-# ---------------------------------------------------------------------------------------------
+BACKGROUND_PRIORITIES = ("idle", "normal")  # of uploads during training: swiftslurm.storage.priority
 
 
 @dataclass(frozen=True)
-class PlanContext:
-    """What planning needs from the outside world, passed in so make_plan stays pure."""
+class StorageSpec:
+    """Where a run's checkpoints live remotely and how they travel. Holds no credentials (see the module doc)."""
 
-    cwd: Path
-    python: str = field(default_factory=lambda: sys.executable)
-    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    sweep_point: str | None = None  # in a Hydra sweep (-m): this point's overrides, to name its run
+    bucket: str
+    prefix: str  # the run's remote folder, e.g. "runs/<run_name>"; "" is the bucket's root
+    endpoint_url: str | None = None  # None: AWS S3; else an S3-compatible endpoint, e.g. "http://10.0.0.5:8333"
+    region: str | None = None  # None: boto3's default (AWS_REGION, the profile)
+    addressing_style: str = "auto"  # "auto" | "path" | "virtual"; most self-hosted stores want "path"
+    keep: int = 0  # newest K committed checkpoints kept remotely; 0 keeps all; the newest is never deleted
+    part_size_mb: int = 16  # multipart part size, MiB: 8-16 MiB parts survive a proxy resetting 20% of requests
+    max_attempts: int = 10  # attempts per request, the first included (boto3 retries)
+    retry_mode: str = "standard"  # boto3 retry mode: "standard" | "adaptive" (adds client-side rate limiting)
+    max_concurrency: int = 8  # parts and files in flight at once
+    wait_at_exit_s: float = 300.0  # how long the end of an attempt waits for pending uploads, s
+    background_priority: str = "idle"  # uploads during training: "idle" (CPU and disk time training leaves) | "normal"
+    timeout_s: float = 60.0  # connect and read timeout of one request, s: a stalled request is retried after it
 
+    def __post_init__(self) -> None:
+        if not self.bucket:
+            raise StorageError("storage.bucket is empty. HINT: set `storage.bucket=<bucket name>`.")
+        choices = {
+            "addressing_style": ("auto", "path", "virtual"),
+            "retry_mode": ("standard", "adaptive"),
+            "background_priority": BACKGROUND_PRIORITIES,
+        }
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise StorageError(f"storage.{name}={getattr(self, name)!r} is not valid. {one_of(valid)}")
+        if self.part_size_mb < 5:
+            raise StorageError(f"storage.part_size_mb={self.part_size_mb}: S3 parts are at least 5 MiB; use 8-16.")
+        for name in ("keep", "max_attempts", "max_concurrency"):
+            if getattr(self, name) < (0 if name == "keep" else 1):
+                raise StorageError(f"storage.{name}={getattr(self, name)} is out of range.")
 
-def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
-    """Resolve and validate ``cfg``; raise ConfigError naming the fix on the first problem found."""
-    ctx = ctx or PlanContext(cwd=Path.cwd())
-    validate.check_choices(cfg)
-    topology = _topology(cfg)
-    parallel = Parallelism(
-        cfg.strategy.tp, cfg.strategy.pp, cfg.strategy.cp, cfg.strategy.ep, cfg.strategy.sequence_parallel
-    )
-    validate.check_parallelism(cfg, topology.world_size, parallel)
-    batch = _batch(cfg, topology.world_size // parallel.model_parallel)
-    run_name = cfg.run_name or f"{cfg.model.name}-{cfg.task.name}-{cfg.strategy.name}-{cfg.cluster.name}"
-    if ctx.sweep_point:  # each sweep point is its own run, with its own run dir; run_name= names the sweep
-        run_name += f"-{ctx.sweep_point}"
-    validate.check_run_name(run_name)
-    run_dir = _run_dir(cfg, run_name, ctx)
-    python = cfg.cluster.python or ctx.python
-    validate.check_paths(cfg, topology, ctx.cwd)
-    datasets = validate.datasets_of(cfg)  # after check_paths: a mistyped model path is the first thing to fix
-    validate.check_master_port(cfg.cluster.master_port_base, PORT_SPAN)
-    swift_args = _swift_args(cfg, datasets, topology, parallel, batch, run_dir, ctx)
-    validate.check_swift_args(cfg, swift_args)
-    memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
-    validate.check_shrink(cfg, topology, parallel, batch, swift_args)
-    return JobPlan(
-        run_name=run_name,
-        run_dir=str(run_dir),
-        scheduler=cfg.cluster.scheduler,
-        topology=topology,
-        parallel=parallel,
-        batch=batch,
-        launcher=cfg.task.launcher,
-        command=cfg.task.command,
-        executable=str(Path(python).parent / cfg.task.launcher),
-        python=python,
-        swift_argv=tuple(_to_argv(swift_args)),
-        env=tuple(sorted(_node_env(cfg).items())),
-        setup=tuple(cfg.cluster.setup),
-        master_port_base=cfg.cluster.master_port_base,
-        slurm=_slurm_spec(cfg, run_name, topology) if cfg.cluster.scheduler == "slurm" else None,
-        model_id=cfg.model.id,
-        tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg, datasets) else None,
-        keep_checkpoints=cfg.keep_checkpoints,
-        resilience=Resilience(**vars(cfg.resilience), signal_lead_s=cfg.cluster.signal_lead_s),
-        storage=_storage(cfg, run_name),
-        preflight=_preflight(cfg, swift_args),
-    )
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StorageSpec:
+        """From plan.json's `storage` section. Keys this version does not know are ignored (a newer plan)."""
+        known = {f.name for f in fields(cls)}
+        missing = {"bucket", "prefix"} - {name for name, value in data.items() if value is not None}
+        if missing:
+            raise StorageError(f"storage is missing {', '.join(sorted(missing))}. HINT: set storage.bucket/prefix.")
+        return cls(**{k: v for k, v in data.items() if k in known})
 
+    @property
+    def root(self) -> str:
+        """The prefix as a key folder: '' or 'runs/x/'."""
+        stripped = self.prefix.strip("/")
+        return f"{stripped}/" if stripped else ""
 
-# Bytes per parameter a checkpoint takes: full fine-tuning saves bf16 weights (2) and fp32 Adam state with
-# master weights (12); LoRA saves the adapter and its optimizer state, well under 1 % of the model's size.
-CHECKPOINT_GB_PER_B_PARAMS = {"full": 14.0, "lora": 0.2}
-
-
-def min_free_gb(params_b: float, tuner_type: str) -> float:
-    """Free disk the next checkpoint needs, in GB: an estimate from the model size, at least 1 GB."""
-    per_b = CHECKPOINT_GB_PER_B_PARAMS["full" if tuner_type == "full" else "lora"]
-    return round(max(1.0, params_b * per_b), 1)
-
-
-# What one node writes and commits per second, in GB (10^9 bytes), measured by bench/save_budget.py on
-# 2026-12-01 (bench/results/save-budget-2026-12-01*.json; docs/resilience.md "Save budget"): 4 ranks on a
-# 2-core VM with one virtual disk, shared with other work. Write: the median of the five rows' writes
-# (0.33, 0.12, 0.73, 0.37, 0.24 GB/s). Commit: the 50 GB checkpoint's shared commit, median of 3 (larger than the
-# page cache, like a full fine-tune's: bound by the disk's read rate). A GPU node has more cores and faster
-# disks, so these err on the side of warning.
-SAVE_WRITE_GBPS_PER_NODE = 0.33
-COMMIT_GBPS_PER_NODE = 0.58
-
-
-def save_seconds(params_b: float, tuner_type: str, nodes: int) -> float:
-    """Estimated seconds from the save's start to the manifest: each node writes and hashes its share."""
-    per_node_gb = min_free_gb(params_b, tuner_type) / nodes
-    return per_node_gb / SAVE_WRITE_GBPS_PER_NODE + per_node_gb / COMMIT_GBPS_PER_NODE
-
-
-def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
-    """One line when SLURM's stop signal comes too late for this model's checkpoint to be saved and committed
-    before the time limit; None when it has time (or no signal comes: local runs)."""
-    if plan.slurm is None or not cfg.model.params_b:
-        return None
-    lead, tuner = plan.resilience.signal_lead_s, cfg.strategy.tuner_type
-    need = save_seconds(cfg.model.params_b, tuner, plan.topology.nodes)
-    if need <= lead:
-        return None
-    enough = int(-(-need * 1.5 // 60) * 60)  # the estimate plus half for the step in progress, whole minutes
-    fix = (
-        f"set cluster.signal_lead_s={enough} (each attempt stops training that much earlier)"
-        if enough < plan.slurm.time_min * 60
-        else f"spread the run over more nodes or train LoRA: cluster.time={plan.slurm.time} is too short to save it"
-    )
-    return (
-        f"warning: a {tuner} checkpoint of {cfg.model.name} ({cfg.model.params_b:g}B parameters, "
-        f"~{min_free_gb(cfg.model.params_b, tuner):.0f} GB over {plan.topology.nodes} node(s)) takes ~{need:.0f} s "
-        f"to save and commit, more than cluster.signal_lead_s={lead}: the job may end before it is committed. "
-        f"HINT: {fix}."
-    )
-
-
-def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
-    validate.check_preflight(cfg.preflight_timeout_s, cfg.preflight_min_free_gb)
-    need = cfg.preflight_min_free_gb
-    if need is None:
-        need = min_free_gb(cfg.model.params_b, cfg.strategy.tuner_type)
-    # Absolute paths only: hub ids are downloaded, not looked for on the nodes; `#N` picks a subset.
-    paths = [str(swift_args["model"]), *(str(d).split("#")[0] for d in as_list(swift_args.get("dataset")))]
-    local = tuple(dict.fromkeys(p for p in paths if p.startswith("/")))
-    return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), local)
-
-
-def _storage(cfg: Config, run_name: str) -> StorageSpec | None:
-    """The object store of this run; its prefix follows the run name, not the run dir, so a resubmission
-    of the same run on another cluster (another run dir) finds its checkpoints."""
-    s = cfg.storage
-    if s.kind == "none":
-        return None
-    assert s.bucket is not None  # validate._check_storage
-    return StorageSpec(
-        bucket=s.bucket,
-        prefix=s.prefix if s.prefix is not None else f"swiftslurm/{run_name}",
-        endpoint_url=s.endpoint_url,
-        region=s.region,
-        addressing_style=s.addressing_style,
-        keep=s.keep,
-        part_size_mb=s.part_size_mb,
-        max_attempts=s.max_attempts,
-        max_concurrency=s.max_concurrency,
-        wait_at_exit_s=s.wait_at_exit_s,
-        background_priority=s.background_priority,
-    )
-
-
-def _uses_tiny(cfg: Config, datasets: list[str]) -> bool:
-    return cfg.model.id == "tiny" or any(d in tiny.DATASETS for d in datasets)
-
-
-def _topology(cfg: Config) -> Topology:
-    cluster = cfg.cluster
-    procs = cluster.gpus_per_node if cluster.gpus_per_node > 0 else cluster.cpu_procs_per_node
-    return Topology(nodes=cluster.nodes, procs_per_node=procs, gpus_per_node=cluster.gpus_per_node)
-
-
-def _batch(cfg: Config, data_parallel: int) -> BatchPlan:
-    micro = cfg.micro_batch_size
-    validate.check_positive("micro_batch_size", micro)
-    if cfg.global_batch_size is None:
-        return BatchPlan(micro=micro, grad_accum=1, data_parallel=data_parallel)
-    per_step = micro * data_parallel
-    if cfg.global_batch_size % per_step != 0:
-        lower = max(per_step, cfg.global_batch_size // per_step * per_step)
-        raise ConfigError(
-            f"global_batch_size={cfg.global_batch_size} is not a multiple of micro_batch_size × "
-            f"data-parallel size = {micro} × {data_parallel} = {per_step}, so gradient accumulation "
-            f"would not be a whole number. HINT: set global_batch_size={lower} or "
-            f"{lower + per_step}, or change micro_batch_size."
-        )
-    return BatchPlan(micro=micro, grad_accum=cfg.global_batch_size // per_step, data_parallel=data_parallel)
-
-
-def _run_dir(cfg: Config, run_name: str, ctx: PlanContext) -> Path:
-    if cfg.run_dir:
-        path = Path(os.path.expanduser(cfg.run_dir))
-    else:
-        path = Path(ctx.env.get("SWIFTSLURM_RUNS", "runs")) / run_name
-    return path if path.is_absolute() else ctx.cwd / path
-
-
-def _swift_args(
-    cfg: Config,
-    datasets: list[str],
-    topo: Topology,
-    par: Parallelism,
-    batch: BatchPlan,
-    run_dir: Path,
-    ctx: PlanContext,
-) -> dict[str, Any]:
-    """Merge ms-swift arguments: derived < strategy < task < model < cluster < the user's `swift.*`."""
-    engine = engine_for(cfg.task.launcher)
-    validate.check_not_managed(cfg.swift, engine.managed_args)
-    for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
-        validate.check_not_planned(extra)
-    assets = tiny.asset_paths(ctx.env)
-    model = str(assets.model_dir) if cfg.model.id == "tiny" else cfg.model.id
-    data = [str(assets.dataset(d)) if d in tiny.DATASETS else d for d in datasets]
-    args: dict[str, Any] = {"model": model, "dataset": data, "tuner_type": cfg.strategy.tuner_type}
-    args |= _engine_args(cfg, par)
-    args |= engine.batch_args(batch)
-    args |= _task_args(cfg)
-    args |= {
-        "seed": cfg.seed,
-        "ddp_timeout": cfg.cluster.nccl.timeout_s,
-    }
-    args |= engine.default_args(cfg.seed)
-    if topo.gpus_per_node == 0:
-        # Without use_cpu every CPU rank silently trains its own copy (parallel_mode != DISTRIBUTED).
-        args |= {"use_cpu": True, "fp16": False, "bf16": False}
-        if cfg.strategy.engine == "deepspeed":
-            args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
-    for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
-        args |= dict(extra)
-    # What the engine needs to save on SLURM's signal and commit every checkpoint (swiftslurm's plugin),
-    # keeping whatever callbacks and plugins the configuration asked for.
-    args |= engine.forced_args(args, rundir.output_dir(run_dir))
-    if (why := engine.refusal(args)) is not None:
-        raise ConfigError(why)
-    return {k: v for k, v in args.items() if v is not None}
-
-
-def _engine_args(cfg: Config, par: Parallelism) -> dict[str, Any]:
-    strategy = cfg.strategy
-    args: dict[str, Any] = {
-        "deepspeed": strategy.deepspeed,
-        "fsdp": strategy.fsdp,
-        "quant_bits": strategy.quant_bits,
-    }
-    return args | engine_for(cfg.task.launcher).parallel_args(par)
-
-
-def _task_args(cfg: Config) -> dict[str, Any]:
-    task = cfg.task
-    args: dict[str, Any] = {"rlhf_type": task.rlhf_type}
-    if task.vllm_mode:
-        args |= {"use_vllm": True, "vllm_mode": task.vllm_mode}
-    if task.vllm_mode == "server":
-        args |= {"vllm_server_host": [task.vllm_server_host], "vllm_server_port": [task.vllm_server_port]}
-    return args
-
-
-def _to_argv(args: dict[str, Any]) -> list[str]:
-    """ms-swift's CLI spelling: booleans as true/false, lists as several values, dicts as JSON."""
-    argv = []
-    for key, value in args.items():
-        argv.append(f"--{key}")
-        if isinstance(value, bool):
-            argv.append("true" if value else "false")
-        elif isinstance(value, (list, tuple)):
-            argv.extend(str(v) for v in value)
-        elif isinstance(value, dict):
-            argv.append(json.dumps(value, sort_keys=True))
-        else:
-            argv.append(str(value))
-    return argv
-
-
-def _node_env(cfg: Config) -> dict[str, str]:
-    nccl = cfg.cluster.nccl
-    env = {
-        "NCCL_IB_DISABLE": "0" if nccl.ib else "1",
-        "NCCL_DEBUG": nccl.debug,
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if nccl.async_error_handling else "0",
-        "PYTHONUNBUFFERED": "1",
-    }
-    if nccl.socket_ifname:
-        env |= {"NCCL_SOCKET_IFNAME": nccl.socket_ifname, "GLOO_SOCKET_IFNAME": nccl.socket_ifname}
-    if cfg.model.id == "tiny":
-        # The tiny model is local: never let transformers or ModelScope reach for a hub.
-        env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env |= {k: str(v) for k, v in cfg.cluster.env.items()}
-    return env
-
-
-def _slurm_spec(cfg: Config, run_name: str, topo: Topology) -> SlurmSpec:
-    cluster = cfg.cluster
-    time_min = validate.parse_slurm_time(cluster.time)
-    validate.check_signal_lead(cluster.signal_lead_s, time_min)
-    validate.check_slurm_required(cfg)
-    gpus = None
-    if topo.gpus_per_node:
-        gpus = f"{cluster.gpu_type}:{topo.gpus_per_node}" if cluster.gpu_type else str(topo.gpus_per_node)
-    return SlurmSpec(
-        job_name=run_name,
-        time_min=time_min,
-        time=cluster.time,
-        signal=f"USR2@{cluster.signal_lead_s}",
-        partition=cluster.partition,
-        account=cluster.account,
-        qos=cluster.qos,
-        constraint=cluster.constraint,
-        exclude=cluster.exclude,
-        cpus_per_task=cluster.cpus_per_task,
-        mem_gb=cluster.mem_gb,
-        gpus=gpus,
-        extra=tuple((str(k), str(v)) for k, v in cluster.sbatch.items()),
-    )
+    @property
+    def url(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"s3://{self.bucket}/{self.root}{where}"

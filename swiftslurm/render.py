@@ -9,9 +9,9 @@ from __future__ import annotations
 import shlex
 
 from swiftslurm.errors import ConfigError
-from swiftslurm.node.slurm_env import may_shrink
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import LOGS, SLURM_LOG
+from swiftslurm.rundir.layout import LOGS, SLURM_LOG
+from swiftslurm.slurm_env import may_shrink
 
 NODE_ENTRY = ("-m", "swiftslurm.node")  # what srun runs on every node: python -m swiftslurm.node RUN_DIR
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from swiftslurm.__main__ import to_config
-from swiftslurm.config import Config, open_dict_overrides, register_configs
-from swiftslurm.plan import JobPlan, PlanContext, make_plan
+from swiftslurm.plan import JobPlan
+from swiftslurm.planning.config import Config, open_dict_overrides, register_configs
+from swiftslurm.planning.make import PlanContext, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"

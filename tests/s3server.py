@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST
+from swiftslurm.ckpt.checkpoint import MANIFEST
 
 ACCESS_KEY = "swiftslurm-test"
 SECRET_KEY = "s3cr3t-never-logged-7f3a9c"  # distinctive, so tests can prove it never shows up anywhere

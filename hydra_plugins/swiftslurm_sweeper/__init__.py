@@ -1,1 +1,4 @@
-"""swiftslurm's Hydra sweeper (conf/config.yaml: `override hydra/sweeper: swiftslurm`); see swiftslurm/sweeper.py."""
+"""swiftslurm's Hydra sweeper (conf/config.yaml: `override hydra/sweeper: swiftslurm`).
+
+See swiftslurm/sweep/sweeper.py.
+"""

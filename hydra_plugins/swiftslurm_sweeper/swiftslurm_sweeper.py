@@ -1,7 +1,7 @@
 """The sweeper behind `python -m swiftslurm -m ...`, found by Hydra's plugin discovery (the `hydra_plugins`
 namespace package, as in Hydra's examples/plugins/example_sweeper_plugin) and chosen in conf/config.yaml.
 
-It parses the sweep and hands it to swiftslurm.sweeper, which expands it like Hydra's BasicSweeper (`a,b`,
+It parses the sweep and hands it to swiftslurm.sweep.sweeper, which expands it like Hydra's BasicSweeper (`a,b`,
 `range()`, `glob()`: the same cartesian product, in the same order), composes each point once, plans all of
 them before writing anything, and submits them. Hydra's BasicSweeper would compose each point to validate
 it and its launcher would compose it again; no launcher is used here.
@@ -40,7 +40,7 @@ class SwiftSlurmSweeper(Sweeper):
         self.config = config
 
     def sweep(self, arguments: list[str]) -> Any:
-        from swiftslurm.sweeper import run_sweep
+        from swiftslurm.sweep.sweeper import run_sweep
 
         assert self.hydra_context is not None and self.config is not None  # Hydra calls setup first
         overrides = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(arguments)

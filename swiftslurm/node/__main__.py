@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.signals import SignalLog, ignore_from_now_on
 from swiftslurm.node.supervise import exit_code, run_node
+from swiftslurm.signals import SignalLog, ignore_from_now_on
 
 
 def main(argv: list[str] | None = None) -> int:

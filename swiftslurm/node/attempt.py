@@ -33,20 +33,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from swiftslurm import slurm_cli
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.node import decide, lease, outcome, preflight, preflight_checks, records
-from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
+from swiftslurm.node import decide, outcome
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, record_refusal, stop_after_preflight
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
-from swiftslurm.node.signals import SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, reshard_ranks
 from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
+from swiftslurm.preflight import checks as preflight_checks
+from swiftslurm.preflight import gather as preflight
+from swiftslurm.rundir import lease, records
+from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
+from swiftslurm.signals import SignalLog
+from swiftslurm.slurm_env import SlurmEnv, check_allocation, reshard_ranks
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 

@@ -13,20 +13,21 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from swiftslurm import slurm_cli
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
+from swiftslurm.engines.progress import tail
+from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node import decide, lease, records
-from swiftslurm.node.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
-from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.node.lease import Lease, job_alive
-from swiftslurm.node.progress import tail
+from swiftslurm.node import decide
 from swiftslurm.node.resume import publish_failure
-from swiftslurm.node.signals import SAVE_SIGNAL
-from swiftslurm.node.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, least_nodes, may_shrink
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir, node_log, plan_file, preflight_report, resume_file
-from swiftslurm.runs import is_cancelled
+from swiftslurm.rundir import lease, records
+from swiftslurm.rundir.layout import attempt_dir, node_log, plan_file, preflight_report, resume_file
+from swiftslurm.rundir.lease import Lease, job_alive
+from swiftslurm.rundir.records import is_cancelled
+from swiftslurm.signals import SAVE_SIGNAL
+from swiftslurm.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, least_nodes, may_shrink
 
 # Healthy nodes write their result as soon as their trainer exits; those still without one after this wait
 # are the suspects, which SLURM is then asked about.

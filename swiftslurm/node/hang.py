@@ -10,7 +10,7 @@ with three exceptions, each given the allowance it needs rather than the ordinar
 - before the first step (model load, dataset preprocessing, data loader warm-up): ``startup_s``;
 - until MIN_GAPS ordinary gaps are known (the first steps are slow: warm-up, lazy communicator set-up):
   ``ceiling_s``;
-- a gap that holds a save, an evaluation or an epoch boundary (the ranks announce them, see PAUSE_LINE):
+- a gap that holds a save, an evaluation or an epoch boundary (announced by the ranks: PAUSE_LINE):
   factor × the longest such gap seen so far, clamped the same way; ``ceiling_s`` while none has been seen;
 - after the last step (the final save, the engine's end of training, the processes' exit: nothing this run
   has done before, and a kill then loses nothing committed): ``ceiling_s``.
@@ -22,7 +22,6 @@ quick steps narrow the window of the next save.
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,10 +30,6 @@ from enum import Enum
 RECENT = 50  # ordinary gaps the window is learned from: the pace of the run now, not of its first hour
 MIN_GAPS = 3  # ordinary gaps needed before the learned window replaces the ceiling
 PERCENTILE = 95.0  # one unusually slow step in RECENT does not widen the window; two in a row do
-# What the ranks print (global rank 0) at the end of a step that a long pause follows: the save, the
-# evaluation or the epoch boundary that follows it. hooks.py prints it; the leader follows it in node 0's log.
-PAUSE_LINE = "[swiftslurm] pause after step {step}: {kinds}"
-PAUSE_PATTERN = re.compile(r"\[swiftslurm\] pause after step (\d+): ([a-z, ]+)")
 
 
 @dataclass(frozen=True)

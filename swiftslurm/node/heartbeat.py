@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.ckpt.checkpoint import write_json_atomic
+from swiftslurm.rundir.jsonio import write_json_atomic
 
 log = logging.getLogger("swiftslurm.heartbeat")
 BEAT_S = 5.0  # how often node 0 rewrites its heartbeat

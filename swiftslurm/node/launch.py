@@ -13,8 +13,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from swiftslurm.node.signals import descendants, send
 from swiftslurm.secrets import redact_argv
+from swiftslurm.signals import descendants, send
 
 
 def _ignore_save_signal() -> None:

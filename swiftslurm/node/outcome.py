@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.heartbeat import leader_silence
 from swiftslurm.node.watch import POLL_S
-from swiftslurm.rundir import LEADER_BEAT, OUTCOME
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import LEADER_BEAT, OUTCOME
 
 END = "end"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import signal
 from typing import NoReturn
 
-from swiftslurm import slurm_cli
+from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide
-from swiftslurm.node.slurm_env import SlurmEnv, configured_exclusions
 from swiftslurm.plan import JobPlan
+from swiftslurm.slurm_env import SlurmEnv, configured_exclusions
 
 
 class Requeued(SystemExit):

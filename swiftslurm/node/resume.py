@@ -12,14 +12,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+from swiftslurm.ckpt.checkpoint import ResumePoint, prepare_resume
+from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.node.ckpt.checkpoint import ResumePoint, prepare_resume, write_json_atomic
-from swiftslurm.node.engines.registry import engine_for
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
-from swiftslurm.node.lease import Lease
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import LEADER_BEAT, RESUME, node_log
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import LEADER_BEAT, RESUME, node_log
+from swiftslurm.rundir.lease import Lease
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import restore
 

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.signals import DUMP_SIGNAL, outermost_catchers, send
-from swiftslurm.rundir import hang_file, stack_file, stacks_dir
+from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
+from swiftslurm.signals import DUMP_SIGNAL, outermost_catchers, send
 
 STACKS_WAIT_S = 30.0  # node 0 waits this long for every rank's stacks before it kills its trainer anyway
 SETTLE_S = 0.5  # after the last file got its first bytes: the rest of that dump (faulthandler writes in pieces)

@@ -22,10 +22,10 @@ from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt, decide
 from swiftslurm.node.attempt import NodeResult, attempt_id
 from swiftslurm.node.conclude import record_refusal
-from swiftslurm.node.signals import SignalLog, ignore_from_now_on
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import plan_file
+from swiftslurm.rundir.layout import plan_file
+from swiftslurm.signals import SignalLog, ignore_from_now_on
+from swiftslurm.slurm_env import SlurmEnv
 
 __all__ = ["NodeResult", "TrainingFailed", "attempt_id", "exit_code", "load_plan", "run_node", "submitit_entry"]
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.slurm_env import SlurmEnv
 
 HOLD_PHASE = "SWIFTSLURM_TEST_HOLD_PHASE"  # a Phase value of attempt.py: prepare | agree_on_resume
 HOLD_MARKER = "SWIFTSLURM_TEST_HOLD_MARKER"  # a path outside the run dir, created once the leader holds

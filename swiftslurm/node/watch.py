@@ -13,20 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.ckpt.checkpoint import ResumePoint, newest_committed, read_manifest
+from swiftslurm.engines.hooks import STACKS_ENV
+from swiftslurm.engines.progress import PAUSE_PATTERN, LineFollower, ProgressWatch
+from swiftslurm.engines.registry import engine_for
 from swiftslurm.node import stacks
-from swiftslurm.node.ckpt.checkpoint import ResumePoint, newest_committed, read_manifest
-from swiftslurm.node.engines.hooks import STACKS_ENV
-from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.node.hang import PAUSE_PATTERN, HangLimits, StepGaps
+from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.lease import TOKEN_ENV
-from swiftslurm.node.progress import LineFollower, ProgressWatch
-from swiftslurm.node.signals import SAVE_SIGNAL, SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, attempt_ranks, rank_env, reshard_ranks
-from swiftslurm.node.timeline import TIMELINE_ENV
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
-from swiftslurm.rundir import attempt_dir, node_log, stacks_dir, trainer_timeline
+from swiftslurm.rundir.layout import attempt_dir, node_log, stacks_dir, trainer_timeline
+from swiftslurm.rundir.lease import TOKEN_ENV
+from swiftslurm.rundir.timeline import TIMELINE_ENV
+from swiftslurm.signals import SAVE_SIGNAL, SignalLog
+from swiftslurm.slurm_env import SlurmEnv, attempt_batch, attempt_ranks, rank_env, reshard_ranks
 from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import StorageError
 from swiftslurm.storage.parallel import Cancelled, Transfer, each_in_parallel
-from swiftslurm.storage_spec import StorageError
 
 MiB = 1 << 20
 # Bytes asked of a body at once. Measured here (8 threads, read + pwrite): 1 MiB costs the least CPU; 64-256 KiB

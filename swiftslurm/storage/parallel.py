@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Generic, TypeVar
 
-from swiftslurm.storage_spec import StorageError
+from swiftslurm.errors import StorageError
 
 Item = TypeVar("Item")
 File = TypeVar("File")

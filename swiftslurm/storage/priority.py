@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from swiftslurm.storage_spec import BACKGROUND_PRIORITIES
+from swiftslurm.plan import BACKGROUND_PRIORITIES
 
 log = logging.getLogger("swiftslurm.priority")
 

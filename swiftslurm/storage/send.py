@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import StorageError
 from swiftslurm.storage.parallel import Transfer, each_in_parallel
-from swiftslurm.storage_spec import StorageError
 
 
 @dataclass(frozen=True)

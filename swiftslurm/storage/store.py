@@ -27,20 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from swiftslurm.node.ckpt.checkpoint import (
-    MANIFEST,
-    check_identity,
-    fsync_dir,
-    is_committed,
-    problems,
-    read_manifest,
-    write_json_atomic,
-)
-from swiftslurm.rundir import DOWNLOAD_STAGING, QUARANTINE
+from swiftslurm.ckpt.checkpoint import MANIFEST, check_identity, is_committed, problems, read_manifest
+from swiftslurm.errors import StorageError
+from swiftslurm.plan import StorageSpec
+from swiftslurm.rundir.jsonio import fsync_dir, write_json_atomic
+from swiftslurm.rundir.layout import DOWNLOAD_STAGING, QUARANTINE
 from swiftslurm.storage.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
 from swiftslurm.storage.parallel import Transfer
 from swiftslurm.storage.send import LocalFile, Send, SendOptions
-from swiftslurm.storage_spec import StorageError, StorageSpec
 
 log = logging.getLogger("swiftslurm.store")
 MiB = 1 << 20
@@ -481,7 +475,7 @@ class CheckpointStore:
         return StorageError(
             f"{self.key(step, entry['path'])} does not match its remote manifest ({what}): the remote "
             f"checkpoint-{step} is damaged and was not restored. HINT: resume from an older one "
-            "(`python -m swiftslurm.storage_cli list`), or delete this one from the store."
+            "(`python -m swiftslurm.ops.storage_cli list`), or delete this one from the store."
         )
 
     # -- retention -----------------------------------------------------------------------------------------

@@ -18,18 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.node.ckpt.checkpoint import (
-    checkpoint_dirs,
-    checkpoint_step,
-    is_committed,
-    newest_committed,
-    prune_committed,
-    write_json_atomic,
-)
-from swiftslurm.rundir import SYNC_STATE, UPLOAD_HISTORY
+from swiftslurm.ckpt.checkpoint import checkpoint_dirs, checkpoint_step, is_committed, newest_committed, prune_committed
+from swiftslurm.plan import StorageSpec
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import SYNC_STATE, UPLOAD_HISTORY
 from swiftslurm.storage.store import CheckpointStore, TransferReport, remove_stale_downloads, restore_if_newer
 from swiftslurm.storage.uploader import Uploader
-from swiftslurm.storage_spec import StorageSpec
 
 log = logging.getLogger("swiftslurm.sync")
 SCAN_S = 2.0  # how often the output dir is looked at for newly committed checkpoints

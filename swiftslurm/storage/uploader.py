@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swiftslurm.node.ckpt.checkpoint import checkpoint_step, is_committed
+from swiftslurm.ckpt.checkpoint import checkpoint_step, is_committed
 from swiftslurm.storage.priority import lower_this_thread
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 

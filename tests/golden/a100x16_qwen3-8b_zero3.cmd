@@ -11,4 +11,4 @@
     --output_dir /scratch/r/output \
     --add_version false \
     --callbacks swiftslurm_stop swiftslurm_commit \
-    --external_plugins <repo>/swiftslurm/node/engines/swift_plugin.py
+    --external_plugins <repo>/swiftslurm/engines/swift_plugin.py

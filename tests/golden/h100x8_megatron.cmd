@@ -14,4 +14,4 @@
     --output_dir /scratch/vl/output \
     --add_version false \
     --callbacks swiftslurm_megatron_stop swiftslurm_megatron_commit \
-    --external_plugins <repo>/swiftslurm/node/engines/megatron_plugin.py
+    --external_plugins <repo>/swiftslurm/engines/megatron_plugin.py

@@ -26,8 +26,8 @@ from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST
-from swiftslurm.node.signals import descendants, send
+from swiftslurm.ckpt.checkpoint import MANIFEST
+from swiftslurm.signals import descendants, send
 
 MARKER = "last_step_plugin.json"  # test_last_step.py reads it (named there too: importing this imports ms-swift)
 COMMIT_WAIT_S = 120.0

@@ -22,15 +22,15 @@ from typing import TypeVar
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import (
+from swiftslurm.ckpt.checkpoint import (
     MANIFEST,
     checkpoint_dirs,
     checkpoint_step,
     problems,
     read_manifest,
 )
-from swiftslurm.node.records import read_attempts, read_status
-from swiftslurm.rundir import QUARANTINE
+from swiftslurm.rundir.layout import QUARANTINE
+from swiftslurm.rundir.records import read_attempts, read_status
 from tests.conftest import REPO
 from tests.integration.conftest import TERMINAL, job_state, swiftslurm
 

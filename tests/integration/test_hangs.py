@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import is_committed
-from swiftslurm.rundir import hang_file, stack_file, stacks_dir
+from swiftslurm.ckpt.checkpoint import is_committed
+from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
 from tests.integration.conftest import attempts, status, submit, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

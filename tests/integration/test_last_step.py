@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_checkpoint, problems, read_manifest
-from swiftslurm.rundir import QUARANTINE
+from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_checkpoint, problems, read_manifest
+from swiftslurm.rundir.layout import QUARANTINE
 from tests.integration.conftest import (
     TERMINAL,
     attempts,

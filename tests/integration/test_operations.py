@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from swiftslurm.sweep import read_points
+from swiftslurm.rundir.sweepdir import read_points
 from tests.integration.conftest import attempts, current_step, squeue_state, submit, wait_for_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""`python -m swiftslurm.preflight` on the real 2-node SLURM cluster: it passes, and it fails with a clear
+"""`python -m swiftslurm.submit.preflight` on the real 2-node SLURM cluster: it passes, and it fails with a clear
 message when a node cannot reach the master port (a real routing rule in the nodes' network namespaces) or
 cannot see the run directory (a tmpfs mounted over it in one node's own mount namespace)."""
 
@@ -25,7 +25,10 @@ TIMEOUT = "preflight_timeout_s=20"
 
 def preflight(run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "swiftslurm.preflight", str(run_dir)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "swiftslurm.submit.preflight", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.sweep import read_points
+from swiftslurm.rundir.sweepdir import read_points
 
 pytestmark = [pytest.mark.slurm]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import is_committed
+from swiftslurm.ckpt.checkpoint import is_committed
 from tests.integration.conftest import (
     ADAPTER,
     LONG,

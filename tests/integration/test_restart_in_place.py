@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed
-from swiftslurm.node.records import read_attempts, read_status
+from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
+from swiftslurm.rundir.records import read_attempts, read_status
 from tests.integration.test_faults import (
     cancel_if_active,
     describe,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm import tiny
-from swiftslurm.node.ckpt.checkpoint import is_committed
+from swiftslurm.ckpt.checkpoint import is_committed
 from tests.integration.conftest import (
     attempts,
     preempt_at_steps,

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import checkpoint_step, newest_committed
-from swiftslurm.node.records import read_attempts, read_status
-from swiftslurm.runs import gather
+from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
+from swiftslurm.ops.runs import gather
+from swiftslurm.rundir.records import read_attempts, read_status
 from tests.integration.test_faults import (
     FAST_RETRIES,
     attempt_ids,

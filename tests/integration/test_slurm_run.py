@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST
+from swiftslurm.ckpt.checkpoint import MANIFEST
 from tests.conftest import REPO
 from tests.integration.conftest import (
     TERMINAL,

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, problems, read_manifest
+from swiftslurm.ckpt.checkpoint import MANIFEST, commit, problems, read_manifest
 from swiftslurm.node.heartbeat import read_beat
+from swiftslurm.plan import StorageSpec
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import restore
 from swiftslurm.storage.uploader import Uploader
-from swiftslurm.storage_spec import StorageSpec
 from tests.integration.conftest import wait_until
 from tests.s3server import (
     FaultProxy,
@@ -119,7 +119,7 @@ import sys
 from pathlib import Path
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.storage.sync import restore
-from swiftslurm.storage_spec import StorageSpec
+from swiftslurm.plan import StorageSpec
 
 spec = StorageSpec(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3], region="us-east-1",
                    addressing_style="path", max_attempts=10, timeout_s=4)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import checkpoint_dirs, is_committed, read_manifest
+from swiftslurm.ckpt.checkpoint import checkpoint_dirs, is_committed, read_manifest
+from swiftslurm.plan import StorageSpec
 from swiftslurm.storage.store import CheckpointStore
-from swiftslurm.storage_spec import StorageSpec
 from tests.integration.conftest import (
     ADAPTER,
     LONG,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt import checkpoint as ck
-from swiftslurm.node.engines.hf import HfTrainerEngine
+from swiftslurm.ckpt import checkpoint as ck
+from swiftslurm.engines.hf import HfTrainerEngine
 from swiftslurm.tiny import build_tiny_assets
 from tests.conftest import REPO
 

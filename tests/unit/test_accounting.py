@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from swiftslurm import accounting, slurm_cli, status
+from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SubmitError
-from swiftslurm.node.records import append_attempt
-from swiftslurm.node.timeline import TIMELINE_ENV, TimelineWriter, read_timeline
-from swiftslurm.rundir import attempt_dir, trainer_timeline
-from swiftslurm.runs import record_submission
+from swiftslurm.ops import accounting, status
+from swiftslurm.rundir.layout import attempt_dir, trainer_timeline
+from swiftslurm.rundir.records import append_attempt, record_submission
+from swiftslurm.rundir.timeline import TIMELINE_ENV, TimelineWriter, read_timeline
 
 
 def test_sacct_rows_of_a_requeued_job_give_one_run_each(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,8 +143,8 @@ def test_the_trainer_timeline_is_written_by_rank_zero_only_where_the_wrapper_ask
 def test_the_commit_hook_records_the_loop_each_save_and_commit_in_the_timeline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from swiftslurm.node.ckpt.checkpoint import is_committed
-    from swiftslurm.node.engines.hooks import Committer
+    from swiftslurm.ckpt.checkpoint import is_committed
+    from swiftslurm.engines.hooks import Committer
 
     path = tmp_path / "trainer.jsonl"
     monkeypatch.setenv(TIMELINE_ENV, str(path))

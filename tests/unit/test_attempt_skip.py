@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.ckpt.checkpoint import commit, is_last_step, prepare_resume, read_manifest
 from swiftslurm.node import attempt
-from swiftslurm.node.ckpt.checkpoint import commit, is_last_step, prepare_resume, read_manifest
-from swiftslurm.node.records import read_attempts, read_status
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import OPEN_ATTEMPT, attempt_dir, output_dir, resume_file
+from swiftslurm.rundir.layout import OPEN_ATTEMPT, attempt_dir, output_dir, resume_file
+from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
 
 LAST_STEP = 20

@@ -21,7 +21,7 @@ import yaml
 from swiftslurm.__main__ import main
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, swift_command
-from swiftslurm.submit import make_executor
+from swiftslurm.submit.jobs import make_executor
 from tests.conftest import REPO, plan_for
 
 CORPUS = yaml.safe_load((REPO / "tests" / "data" / "bad_inputs.yaml").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swiftslurm.node.ckpt import checkpoint as ck
+from swiftslurm.ckpt import checkpoint as ck
 
 
 def make_checkpoint(output: Path, step: int, commit: bool = True, size: int = 100) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import cli_help
+from swiftslurm.cli import help as cli_help
 from tests.conftest import REPO
 from tests.unit.test_cli import swiftslurm
 
@@ -28,7 +28,7 @@ def test_help_lists_every_command_the_common_settings_and_examples(tmp_path: Pat
 
 def test_the_cli_doc_is_the_help_output() -> None:
     current = (REPO / "docs" / "cli.md").read_text()
-    assert current == cli_help.doc(), "run: python -m swiftslurm.cli_help > docs/cli.md"
+    assert current == cli_help.doc(), "run: python -m swiftslurm.cli.help > docs/cli.md"
     assert cli_help.render() in current
 
 

@@ -13,18 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import slurm_cli
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.ckpt.checkpoint import ResumePoint
+from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.errors import SubmitError
 from swiftslurm.node import conclude as conclude_mod
-from swiftslurm.node import decide, records
+from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
-from swiftslurm.node.ckpt.checkpoint import ResumePoint
 from swiftslurm.node.decide import Action, Decision, Reason
-from swiftslurm.node.progress import ProgressWatch
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, CANCELLED, attempt_dir, node_log
+from swiftslurm.rundir import records
+from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, attempt_dir, node_log
+from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
 
 HOSTS = ("node1", "node2")

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import docgen
-from swiftslurm.cli_help import COMMANDS as SUBCOMMANDS
-from swiftslurm.node.ckpt.checkpoint import commit
-from swiftslurm.sweep import record_points
+from swiftslurm.ckpt.checkpoint import commit
+from swiftslurm.cli import docgen
+from swiftslurm.cli.help import COMMANDS as SUBCOMMANDS
+from swiftslurm.rundir.sweepdir import record_points
 from tests.conftest import REPO
 
 COMMAND = re.compile(r"(?:^|\s|/)python -m (swiftslurm(?:\.\w+)*)\b(.*)$")
@@ -41,8 +41,8 @@ PLACEHOLDERS = {"RUN_DIR": FIXTURE_RUN, "RUN": FIXTURE_RUN, "PATH": FIXTURE_RUN,
 PLACEHOLDERS |= {"runs/sweeps/<date>_<time>": FIXTURE_SWEEP}
 # Module -> why it is not run here, and where it is.
 NOT_RUN = {
-    "swiftslurm.preflight": "submits a checks-only SLURM job (tests/integration/test_preflight.py)",
-    "swiftslurm.storage_cli": "needs the object store it names (the CLI: tests/unit/test_store.py, SeaweedFS)",
+    "swiftslurm.submit.preflight": "submits a checks-only SLURM job (tests/integration/test_preflight.py)",
+    "swiftslurm.ops.storage_cli": "needs the object store it names (the CLI: tests/unit/test_store.py, SeaweedFS)",
 }
 
 

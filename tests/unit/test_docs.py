@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import re
 
-from swiftslurm import docgen, rundir
+from swiftslurm.cli import docgen
+from swiftslurm.rundir import layout as rundir
 from tests.conftest import REPO
 
 
 def test_configuration_reference_is_current() -> None:
     current = (REPO / "docs" / "configuration.md").read_text()
-    assert current == docgen.render(), "run: python -m swiftslurm.docgen > docs/configuration.md"
+    assert current == docgen.render(), "run: python -m swiftslurm.cli.docgen > docs/configuration.md"
 
 
 NESTED = {"model", "strategy", "task", "cluster", "nccl", "resilience", "storage"}  # documented as their own sections
@@ -32,7 +33,7 @@ def test_generated_blocks_in_the_docs_are_current() -> None:
     for doc in docgen.docs():
         text = doc.read_text()
         found += [(doc.name, m.group("name")) for m in docgen.BLOCK.finditer(text)]
-        assert text == docgen.with_blocks(text), f"{doc.name} is stale: run python -m swiftslurm.docgen --blocks"
+        assert text == docgen.with_blocks(text), f"{doc.name} is stale: run python -m swiftslurm.cli.docgen --blocks"
     assert ("getting-started.md", "config-groups") in found
 
 
@@ -86,4 +87,6 @@ def test_the_run_dir_table_names_no_file_rundir_does_not() -> None:
         for part in path.strip("/").split("/")
         if not any(re.fullmatch(pattern, part) for pattern in patterns)
     ]
-    assert not unknown, f"docs/getting-started.md's run-dir table names what swiftslurm/rundir.py does not: {unknown}"
+    assert not unknown, (
+        f"docs/getting-started.md's run-dir table names what swiftslurm/rundir/layout.py does not: {unknown}"
+    )

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
 
-from swiftslurm.node.ckpt.checkpoint import MANIFEST
+from swiftslurm.ckpt.checkpoint import MANIFEST
+from swiftslurm.errors import StorageError
+from swiftslurm.plan import StorageSpec
 from swiftslurm.storage import fetch
 from swiftslurm.storage.fetch import Cancelled, Fetch, FetchOptions, FileMismatch, Part, RemoteFile, split_ranges
 from swiftslurm.storage.store import CheckpointStore
-from swiftslurm.storage_spec import StorageError, StorageSpec
 
 BUCKET = "b"
 

@@ -1,8 +1,8 @@
-"""Feedback on long steps (swiftslurm/follow.py): `logs` on a run without logs says why, ms-swift's argument dump
+"""Feedback on long steps (swiftslurm/ops/follow.py): `logs` on a run without logs says why, ms-swift's argument dump
 is folded, `logs -f` announces each attempt and the run's end, a closed pipe ends `logs` quietly, a `wait=true`
 sweep prints a line per state change, node 0's preflight verdict lands in the log `logs` shows.
 
-Run dirs are fixtures written through swiftslurm/node/records.py; where a run changes while it is followed, the
+Run dirs are fixtures written through swiftslurm/rundir/records.py; where a run changes while it is followed, the
 follower's pause hands control to the test (Lockstep), so each change lands between two passes in a fixed order.
 """
 
@@ -20,14 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import ops, status
-from swiftslurm.follow import Folder, current_attempt, show_logs, watch_points
-from swiftslurm.node import attempt, preflight, records
-from swiftslurm.node import preflight_checks as pc
-from swiftslurm.node.slurm_env import SlurmEnv
-from swiftslurm.rundir import attempt_dir, node_log
-from swiftslurm.runs import record_submission
-from swiftslurm.sweep import record_point
+from swiftslurm.node import attempt
+from swiftslurm.ops import control as ops
+from swiftslurm.ops import status
+from swiftslurm.ops.follow import Folder, current_attempt, show_logs, watch_points
+from swiftslurm.preflight import checks as pc
+from swiftslurm.preflight import gather as preflight
+from swiftslurm.rundir import records
+from swiftslurm.rundir.layout import attempt_dir, node_log
+from swiftslurm.rundir.records import record_submission
+from swiftslurm.rundir.sweepdir import record_point
+from swiftslurm.slurm_env import SlurmEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS_DUMP = ["[INFO:swift] args: SftArguments(", *(f"arg{i}={i}," for i in range(300)), ")"]

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from swiftslurm import tiny
-from swiftslurm.node.engines.hf import HfTrainerEngine
-from swiftslurm.node.engines.stop_vote import vote_cost_line
-from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, rank_env
+from swiftslurm.engines.hf import HfTrainerEngine
+from swiftslurm.engines.stop_vote import vote_cost_line
 from swiftslurm.node.watch import wrapper_cost_line
 from swiftslurm.render import swift_command
+from swiftslurm.slurm_env import SlurmEnv, check_allocation, rank_env
 from tests.conftest import REPO, plan_for
 
 sys.path.insert(0, str(REPO / "bench"))

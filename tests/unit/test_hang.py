@@ -13,19 +13,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from swiftslurm.engines.base import ProgressSource
+from swiftslurm.engines.hf import HfTrainerEngine
+from swiftslurm.engines.hooks import STACKS_ENV
+from swiftslurm.engines.megatron import pauses_after
+from swiftslurm.engines.progress import PAUSE_LINE, PAUSE_PATTERN, LineFollower, ProgressWatch
 from swiftslurm.node import stacks
-from swiftslurm.node.engines.base import ProgressSource
-from swiftslurm.node.engines.hf import HfTrainerEngine
-from swiftslurm.node.engines.hooks import STACKS_ENV
-from swiftslurm.node.engines.megatron import pauses_after
-from swiftslurm.node.hang import PAUSE_LINE, PAUSE_PATTERN, Gap, HangLimits, StepGaps, percentile, window
+from swiftslurm.node.hang import Gap, HangLimits, StepGaps, percentile, window
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.progress import LineFollower, ProgressWatch
-from swiftslurm.node.signals import DUMP_SIGNAL, SignalLog, catches
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.watch import _Watcher
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import hang_file, stack_file, stacks_dir
+from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
+from swiftslurm.signals import DUMP_SIGNAL, SignalLog, catches
+from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import REPO, plan_for
 
 LIMITS = HangLimits(startup_s=3600.0, factor=5.0, floor_s=60.0, ceiling_s=1800.0)
@@ -158,7 +158,7 @@ def test_megatron_pauses_follow_its_default_flow(iteration: int, args: dict[str,
 RANK = textwrap.dedent(
     """
     import sys, threading
-    from swiftslurm.node.engines.hooks import register_stack_dump
+    from swiftslurm.engines.hooks import register_stack_dump
     register_stack_dump()
     def blocked_in_a_collective():
         threading.Event().wait()

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import slurm_cli
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.ckpt import checkpoint as ck
+from swiftslurm.engines.hooks import IDENTITY_ENV, Committer
 from swiftslurm.errors import ConfigError, NodeError, SubmitError
-from swiftslurm.node import heartbeat, lease, records, resume
-from swiftslurm.node.ckpt import checkpoint as ck
+from swiftslurm.node import heartbeat, resume
 from swiftslurm.node.conclude import close_lost_attempt
-from swiftslurm.node.engines.hooks import IDENTITY_ENV, Committer
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.watch import trainer_env
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_file
-from swiftslurm.submit import prepare_run_dir
+from swiftslurm.rundir import lease, records
+from swiftslurm.rundir.layout import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_file
+from swiftslurm.slurm_env import SlurmEnv
+from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
 
 
@@ -67,7 +68,7 @@ def test_the_manifest_carries_the_identity_the_wrapper_gives_the_trainer(
     env = trainer_env(plan, leader_of("5"), tmp_path / "run")
     assert env[IDENTITY_ENV] == plan.identity()
     monkeypatch.setenv(IDENTITY_ENV, env[IDENTITY_ENV])
-    monkeypatch.setattr("swiftslurm.node.engines.hooks.swift_version", lambda: "test")
+    monkeypatch.setattr("swiftslurm.engines.hooks.swift_version", lambda: "test")
     folder = checkpoint(plan.output_dir, 10, None, commit=False)
     committer = Committer("swift")
     committer.after_save(folder, None)
@@ -199,7 +200,7 @@ def test_the_trainer_prunes_only_while_its_leader_holds_the_lease(
     monkeypatch.setenv("SWIFTSLURM_KEEP_CHECKPOINTS", "1")
     monkeypatch.setenv("SWIFTSLURM_RUN_DIR", str(tmp_path))
     monkeypatch.setenv(lease.TOKEN_ENV, str(held.token))
-    monkeypatch.setattr("swiftslurm.node.engines.hooks.swift_version", lambda: "test")
+    monkeypatch.setattr("swiftslurm.engines.hooks.swift_version", lambda: "test")
     commit_with_a_committer(third)
     assert [p.name for _, p in ck.checkpoint_dirs(output)] == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
     monkeypatch.setenv(lease.TOKEN_ENV, str(held.token + 1))  # the holder's own token: it prunes

@@ -14,10 +14,10 @@ import pytest
 
 from swiftslurm.errors import NodeError
 from swiftslurm.node import resume
-from swiftslurm.node.ckpt.checkpoint import write_json_atomic
 from swiftslurm.node.heartbeat import STALE_S, LeaderBeat, describe, leader_silence, read_beat
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import LEADER_BEAT, RESUME
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import LEADER_BEAT, RESUME
 from tests.conftest import plan_for
 
 GiB = 1 << 30

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from swiftslurm.ledger import CATEGORIES, Allocation, AttemptMarks, Ledger, attempt_marks, compute
-from swiftslurm.node.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
+from swiftslurm.ops.ledger import CATEGORIES, Allocation, AttemptMarks, Ledger, attempt_marks, compute
+from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
 
 WIDTH = 8  # 2 nodes × 4 GPUs
 

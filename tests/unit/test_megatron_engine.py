@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.ckpt import checkpoint as ck
+from swiftslurm.engines.megatron import MegatronEngine
+from swiftslurm.engines.progress import ProgressWatch
+from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import ConfigError
-from swiftslurm.node.ckpt import checkpoint as ck
-from swiftslurm.node.engines.megatron import MegatronEngine
-from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.node.progress import ProgressWatch
 from tests.conftest import plan_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "megatron"

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from swiftslurm import swift_args
-from swiftslurm.report import dry_run_report
+from swiftslurm.planning import swift_args
+from swiftslurm.submit.report import dry_run_report
 from tests.conftest import plan_for
 
 RECIPES = ["h100x8-qwen3vl-megatron", "a100x16-qwen3moe-megatron-ep"]

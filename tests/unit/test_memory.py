@@ -1,4 +1,4 @@
-"""The memory planner (swiftslurm/memory.py, memory_plan.py): hand-computed cases, DeepSpeed's own estimate of
+"""The memory planner (swiftslurm/planning/memory.py, memory_plan.py): hand-computed cases, DeepSpeed's own estimate of
 the model states, the refusal of a plan that cannot fit, the narrow-fit warning and `swiftslurm advise`."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import memory, memory_plan, tiny
+from swiftslurm import tiny
 from swiftslurm.errors import ConfigError
-from swiftslurm.memory import GIB, ModelShape, Setup
+from swiftslurm.planning import memory, memory_plan
+from swiftslurm.planning.memory import GIB, ModelShape, Setup
 from tests.conftest import compose_config, plan_for
 
 QWEN3_1_6B = ModelShape.from_config(tiny.PRESETS["qwen3-1.6b"].model_config | {"vocab_size": 813})

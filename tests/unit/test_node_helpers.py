@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from swiftslurm.node import records
-from swiftslurm.node.engines.hf import HfTrainerEngine
-from swiftslurm.node.progress import ProgressWatch, finished_steps
-from swiftslurm.node.signals import SignalLog, descendants
+from swiftslurm.engines.hf import HfTrainerEngine
+from swiftslurm.engines.progress import ProgressWatch, finished_steps
+from swiftslurm.rundir import records
+from swiftslurm.signals import SignalLog, descendants
 
 
 def test_descendants_include_children_that_started_their_own_session() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import JobPlan
-from swiftslurm.validate import parse_slurm_time
+from swiftslurm.planning.validate import parse_slurm_time
 from tests.conftest import plan_for
 
 

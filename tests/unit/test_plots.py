@@ -1,4 +1,4 @@
-"""The plots (swiftslurm/plots.py) answer "which point is best, how did each train": points labelled by what varies,
+"""The plots (swiftslurm/ops/plots.py) answer "which point is best, how did each train": points labelled by what varies,
 the final-loss axis zoomed to the values, the best point marked, titles that fit, throughput in samples/s."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swiftslurm import plots, status
-from swiftslurm.node import records
-from swiftslurm.runs import record_submission
-from swiftslurm.sweep import record_point
+from swiftslurm.ops import plots, status
+from swiftslurm.rundir import records
+from swiftslurm.rundir.records import record_submission
+from swiftslurm.rundir.sweepdir import record_point
 
 CONSTANT = ["+cluster=local-slurm", "++swift.max_steps=20", "wait=true"]
 
@@ -41,7 +41,7 @@ def fixture_sweep(sweep_dir: Path) -> None:
 
 def test_points_are_labelled_by_the_overrides_that_differ(tmp_path: Path) -> None:
     fixture_sweep(tmp_path / "sweep")
-    from swiftslurm.sweep import read_points
+    from swiftslurm.rundir.sweepdir import read_points
 
     assert list(plots.varying_labels(read_points(tmp_path / "sweep")).values()) == [
         "learning_rate=1e-4 strategy=ddp",

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import preflight as login_preflight
 from swiftslurm.errors import ConfigError
-from swiftslurm.node import preflight
-from swiftslurm.node import preflight_checks as pc
-from swiftslurm.node.slurm_env import SlurmEnv
-from swiftslurm.plan import PlanContext, make_plan, min_free_gb
-from swiftslurm.submit import prepare_run_dir
+from swiftslurm.planning.make import PlanContext, make_plan, min_free_gb
+from swiftslurm.preflight import checks as pc
+from swiftslurm.preflight import gather as preflight
+from swiftslurm.slurm_env import SlurmEnv
+from swiftslurm.submit import preflight as login_preflight
+from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import compose_config, plan_for
 
 
@@ -141,7 +141,7 @@ def test_checks_only_job_asks_for_the_training_allocation_with_a_short_limit() -
     for absent in ("--signal", "--requeue", "--open-mode"):
         assert absent not in script
     assert "srun --ntasks-per-node=1 --kill-on-bad-exit=0" in script
-    assert f"-m swiftslurm.node.preflight {plan.run_dir} --port-base 10000 --timeout 60.0" in script
+    assert f"-m swiftslurm.preflight.gather {plan.run_dir} --port-base 10000 --timeout 60.0" in script
 
 
 def free_port(start: int) -> int:
@@ -226,7 +226,7 @@ def test_a_waited_for_run_with_preflight_says_its_verdict(tmp_path: Path) -> Non
     node 0's log): the result names the verdict and the report, passed or failed."""
     from dataclasses import replace
 
-    from swiftslurm.report import result_summary
+    from swiftslurm.submit.report import result_summary
 
     plan = plan_for("+cluster=local-slurm", "preflight=true")
     plan = replace(plan, run_dir=str(tmp_path / "run"))

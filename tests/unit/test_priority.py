@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from swiftslurm.errors import StorageError
+from swiftslurm.plan import StorageSpec
 from swiftslurm.storage.priority import lower_this_thread
 from swiftslurm.storage.store import UploadResult
 from swiftslurm.storage.uploader import Uploader
-from swiftslurm.storage_spec import StorageError, StorageSpec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
 

@@ -12,18 +12,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from swiftslurm import ops, slurm_cli, submit
+from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import NodeError
 from swiftslurm.node import __main__ as node_main
-from swiftslurm.node import attempt, conclude, records
-from swiftslurm.node.records import read_attempts, read_status
-from swiftslurm.node.slurm_env import SlurmEnv
+from swiftslurm.node import attempt, conclude
 from swiftslurm.node.supervise import run_node
+from swiftslurm.ops import control as ops
+from swiftslurm.ops.runs import SlurmView
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, CANCELLED, OPEN_ATTEMPT, STATUS, lease_file, plan_file
-from swiftslurm.runs import SlurmView, record_submission
-from swiftslurm.submit import prepare_run_dir
-from swiftslurm.sweep import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
+from swiftslurm.rundir import records
+from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, OPEN_ATTEMPT, STATUS, lease_file, plan_file
+from swiftslurm.rundir.records import read_attempts, read_status, record_submission
+from swiftslurm.rundir.sweepdir import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
+from swiftslurm.slurm_env import SlurmEnv
+from swiftslurm.submit import jobs as submit
+from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
 
 JOB = "4343"

@@ -12,8 +12,8 @@ import pytest
 
 from swiftslurm.errors import ConfigError
 from swiftslurm.render import display_command, render_sbatch, swift_command
-from swiftslurm.rundir import logs_dir, plan_file, slurm_log
-from swiftslurm.submit import executor_parameters
+from swiftslurm.rundir.layout import logs_dir, plan_file, slurm_log
+from swiftslurm.submit.jobs import executor_parameters
 from tests.conftest import REPO, plan_for
 
 GOLDEN = REPO / "tests" / "golden"

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.ckpt.checkpoint import ResumePoint, commit
+from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node import attempt, outcome
-from swiftslurm.node.ckpt.checkpoint import ResumePoint, commit
-from swiftslurm.node.progress import ProgressWatch
-from swiftslurm.node.records import read_attempts, read_status, write_node_result
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import attempt_dir, output_dir
+from swiftslurm.rundir.layout import attempt_dir, output_dir
+from swiftslurm.rundir.records import read_attempts, read_status, write_node_result
+from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
 
 LAST_STEP = 20

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swiftslurm import rundir
-from swiftslurm.runs import record_submission
+from swiftslurm.rundir import layout as rundir
+from swiftslurm.rundir.records import record_submission
 from tests.unit.test_cli import swiftslurm
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import status
-from swiftslurm.node.ckpt.checkpoint import commit
-from swiftslurm.runs import SlurmView, decide_state, gather, read_metrics, record_submission
-from swiftslurm.sweep import read_points, record_point, run_dirs
+from swiftslurm.ckpt.checkpoint import commit
+from swiftslurm.ops import status
+from swiftslurm.ops.runs import SlurmView, decide_state, gather
+from swiftslurm.rundir.metrics import read_metrics
+from swiftslurm.rundir.records import record_submission
+from swiftslurm.rundir.sweepdir import read_points, record_point, run_dirs
 
 
 @pytest.mark.parametrize(
@@ -89,7 +91,7 @@ def test_recording_a_point_again_replaces_it(tmp_path: Path) -> None:
 
 
 def test_plots_are_written_for_runs_and_the_sweep(tmp_path: Path) -> None:
-    from swiftslurm.plots import plot_path
+    from swiftslurm.ops.plots import plot_path
 
     for i in range(2):
         write_run(tmp_path / "runs" / f"p{i}", [3.0, 2.0 - i])
@@ -103,7 +105,7 @@ def test_plots_are_written_for_runs_and_the_sweep(tmp_path: Path) -> None:
 def test_a_local_job_is_running_while_its_process_lives_and_never_asked_of_slurm(tmp_path: Path) -> None:
     import os
 
-    from swiftslurm.runs import slurm_job_ids
+    from swiftslurm.ops.runs import slurm_job_ids
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -117,7 +119,7 @@ def test_a_run_submitted_by_hand_whose_wrapper_never_started_points_at_slurms_ou
     """`sbatch RUN_DIR/job.sbatch` writes no job.json, and a wrapper that never started (the node's Python cannot
     import swiftslurm) writes no status.json: SLURM's output file in logs/ is the one trace, and status says so
     instead of calling the run a dry run."""
-    from swiftslurm.runs import slurm_job_ids
+    from swiftslurm.ops.runs import slurm_job_ids
 
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swiftslurm.plan import PlanContext, make_plan, save_budget_warning, save_seconds
+from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning, save_seconds
 from tests.conftest import FIXED_CACHE, FIXED_PYTHON, compose_config
 
 # ZeRO-3 offload: a full fine-tune of 72B with plain ZeRO-3 does not fit 16 × 80 GB (the memory planner refuses it).

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from swiftslurm.errors import StorageError
 from swiftslurm.storage.parallel import Cancelled
 from swiftslurm.storage.send import LocalFile, Send, SendOptions, pieces
-from swiftslurm.storage_spec import StorageError
 
 BUCKET = "b"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from swiftslurm.node.ckpt import checkpoint as ck
-from swiftslurm.node.engines import shared_commit
-from swiftslurm.node.engines.hooks import Committer
+from swiftslurm.ckpt import checkpoint as ck
+from swiftslurm.ckpt import shared_commit
+from swiftslurm.engines.hooks import Committer
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

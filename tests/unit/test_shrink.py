@@ -13,21 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import memory_plan, slurm_cli
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.ckpt.checkpoint import ResumePoint
+from swiftslurm.engines.progress import ProgressWatch
+from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import ConfigError, NodeError, SubmitError
 from swiftslurm.node import conclude as conclude_mod
-from swiftslurm.node import decide, records
+from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
-from swiftslurm.node.ckpt.checkpoint import ResumePoint
 from swiftslurm.node.decide import Action, Decision, Reason, nodes_for_next, with_node_count
-from swiftslurm.node.engines.registry import engine_for
-from swiftslurm.node.progress import ProgressWatch
-from swiftslurm.node.slurm_env import SlurmEnv, attempt_batch, check_allocation, rank_env
 from swiftslurm.node.watch import Observed
+from swiftslurm.ops.runs import gather
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import ATTEMPTS, attempt_dir, node_log
-from swiftslurm.runs import gather
-from swiftslurm.validate import shrunk_shape_refusal
+from swiftslurm.planning import memory_plan
+from swiftslurm.planning.validate import shrunk_shape_refusal
+from swiftslurm.rundir import records
+from swiftslurm.rundir.layout import ATTEMPTS, attempt_dir, node_log
+from swiftslurm.slurm_env import SlurmEnv, attempt_batch, check_allocation, rank_env
 from tests.conftest import compose_config, plan_for
 
 THREE = ("+cluster=local-slurm", "cluster.nodes=3", "global_batch_size=6")
@@ -309,7 +311,7 @@ def test_a_shrinkable_job_script_starts_one_task_per_node_of_the_allocation(tmp_
     import subprocess
 
     from swiftslurm.render import render_sbatch, task_count_lines
-    from swiftslurm.submit import executor_parameters
+    from swiftslurm.submit.jobs import executor_parameters
 
     plan = shrink_plan(tmp_path)
     lines = task_count_lines(plan)

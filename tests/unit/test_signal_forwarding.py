@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.engines.registry import ENGINES
+from swiftslurm.engines.registry import ENGINES
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.signals import catches, descendants, parent_pids
+from swiftslurm.signals import catches, descendants, parent_pids
 
 # A stand-in for `swift` -> torchrun -> ranks: the parent ignores USR2 (inherited from the wrapper), one child
 # counts the USR2s it gets (a training worker with ms-swift's handler), one has USR2's default action again

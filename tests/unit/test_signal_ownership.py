@@ -19,18 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.ckpt.checkpoint import commit
+from swiftslurm.errors import StorageError
 from swiftslurm.node import attempt, resume
 from swiftslurm.node.attempt import _DrainCut
-from swiftslurm.node.ckpt.checkpoint import commit
-from swiftslurm.node.records import read_attempts, read_status
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_signalled
-from swiftslurm.node.signals import SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv
-from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import RESUME, attempt_dir, output_dir, resume_file
+from swiftslurm.plan import JobPlan, StorageSpec
+from swiftslurm.rundir.layout import RESUME, attempt_dir, output_dir, resume_file
+from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.signals import SignalLog
+from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.uploader import Uploader
-from swiftslurm.storage_spec import StorageError, StorageSpec
 from tests.conftest import plan_for
 from tests.s3server import FaultProxy, Faults, SeaweedServer, serve_for_tests, use_test_credentials
 

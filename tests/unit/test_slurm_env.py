@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swiftslurm.errors import NodeError
-from swiftslurm.node.slurm_env import SlurmEnv, check_allocation, expand_hostlist, master_port, rank_env
+from swiftslurm.slurm_env import SlurmEnv, check_allocation, expand_hostlist, master_port, rank_env
 from tests.conftest import plan_for
 
 
@@ -138,6 +138,6 @@ def test_more_than_one_task_per_node_is_refused() -> None:
     [("00:02:00", 120), ("1-00:00:00", 86400), ("30:00", 1800), ("2-03:04:05", 183845), ("UNLIMITED", None)],
 )
 def test_scontrol_time_limits_parse(text: str, seconds: int | None) -> None:
-    from swiftslurm.slurm_cli import limit_seconds
+    from swiftslurm.slurm import limit_seconds
 
     assert limit_seconds(text) == seconds

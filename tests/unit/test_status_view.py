@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm import status
-from swiftslurm.node import conclude, decide, records
-from swiftslurm.runs import STATES, gather, record_submission
+from swiftslurm.node import conclude, decide
+from swiftslurm.ops import status
+from swiftslurm.ops.runs import STATES, gather
+from swiftslurm.rundir import records
+from swiftslurm.rundir.records import record_submission
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

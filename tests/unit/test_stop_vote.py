@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
-from swiftslurm.node.engines.stop_vote import LAG_STEPS, SLOW_STEP_S, StopVote  # noqa: E402
+from swiftslurm.engines.stop_vote import LAG_STEPS, SLOW_STEP_S, StopVote  # noqa: E402
 
 STEPS = 10
 SHORT, LONG = SLOW_STEP_S / 100, SLOW_STEP_S * 60  # a step of 10 ms; a GRPO step of a minute

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import checkpoint_dirs, is_committed
+from swiftslurm.ckpt.checkpoint import checkpoint_dirs, is_committed
 from swiftslurm.node.watch import trainer_keep
-from swiftslurm.rundir import DOWNLOAD_STAGING
+from swiftslurm.plan import StorageSpec
+from swiftslurm.rundir.layout import DOWNLOAD_STAGING
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 from swiftslurm.storage.sync import NodeSync, restore
-from swiftslurm.storage_spec import StorageSpec
 from tests.conftest import plan_for
 from tests.s3server import SeaweedServer, serve_for_tests, use_test_credentials
 from tests.unit.test_store import make_checkpoint, spec_for

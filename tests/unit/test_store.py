@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from swiftslurm import storage_cli
-from swiftslurm.errors import ConfigError, NodeError
-from swiftslurm.node.ckpt.checkpoint import MANIFEST, commit, is_committed, problems
-from swiftslurm.rundir import SYNC_STATE
+from swiftslurm.ckpt.checkpoint import MANIFEST, commit, is_committed, problems
+from swiftslurm.errors import ConfigError, NodeError, StorageError
+from swiftslurm.ops import storage_cli
+from swiftslurm.plan import StorageSpec
+from swiftslurm.rundir.layout import SYNC_STATE
 from swiftslurm.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
 from swiftslurm.storage.sync import NodeSync, restore
 from swiftslurm.storage.uploader import Uploader
-from swiftslurm.storage_spec import StorageError, StorageSpec
-from swiftslurm.submit import check_storage
+from swiftslurm.submit.jobs import check_storage
 from tests.conftest import REPO, plan_for
 from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials
 
@@ -338,7 +338,7 @@ import sys
 from pathlib import Path
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.uploader import Uploader
-from swiftslurm.storage_spec import StorageSpec
+from swiftslurm.plan import StorageSpec
 spec = StorageSpec(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3], region="us-east-1")
 Uploader(CheckpointStore(spec)).submit(Path(sys.argv[4]))
 """

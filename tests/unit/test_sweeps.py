@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.sweep import LEGACY_SWEEP_FILE, SWEEP_FILE, read_points, record_points, run_dirs
-from swiftslurm.sweep_workers import PARALLEL_FROM
+from swiftslurm.rundir.sweepdir import LEGACY_SWEEP_FILE, SWEEP_FILE, read_points, record_points, run_dirs
+from swiftslurm.sweep.workers import PARALLEL_FROM
 from tests.conftest import REPO
 
 PROBE = Path(__file__).resolve().parent / "compose_probe"
@@ -179,7 +179,7 @@ def test_a_sweep_recorded_before_sweep_jsonl_is_still_read(tmp_path: Path) -> No
 def test_a_failed_submission_names_at_most_a_screenful_of_points(
     count: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from swiftslurm.sweep import report_unsubmitted
+    from swiftslurm.sweep.callback import report_unsubmitted
 
     names = [f"run-{i}" for i in range(count)]
     with pytest.raises(SystemExit) as stop:
@@ -207,7 +207,7 @@ def test_points_are_the_ones_hydras_basic_sweeper_makes_in_its_order(args: list[
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from swiftslurm.sweeper import expand
+    from swiftslurm.sweep.sweeper import expand
 
     parser = OverridesParser.create()
     [hydras] = BasicSweeper.split_arguments(parser.parse_overrides(args), max_batch_size=None)
@@ -225,7 +225,7 @@ def test_a_submitted_sweep_names_its_sweep_dir(tmp_path: Path, capsys: pytest.Ca
     take, under runs/sweeps/<date>_<time>) must be said too, or a newcomer has to go looking for it."""
     from omegaconf import OmegaConf
 
-    from swiftslurm.sweep import SweepCallback
+    from swiftslurm.sweep.callback import SweepCallback
 
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweeps" / "s1")}}, "wait": False})
     SweepCallback().on_multirun_end(config)

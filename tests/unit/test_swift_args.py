@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swiftslurm import swift_args
+from swiftslurm.planning import swift_args
 
 
 def test_the_table_records_the_parsers_choices_also_where_the_annotation_does_not_list_them() -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.ckpt.checkpoint import commit
+from swiftslurm.ckpt.checkpoint import commit
+from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.progress import ProgressWatch
-from swiftslurm.node.signals import SignalLog
-from swiftslurm.node.slurm_env import SlurmEnv
 from swiftslurm.node.watch import _Watcher
-from swiftslurm.rundir import output_dir
+from swiftslurm.rundir.layout import output_dir
+from swiftslurm.signals import SignalLog
+from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
 
 SHUTTING_DOWN = "import time; time.sleep(600)"  # a trainer whose shutdown never ends on its own

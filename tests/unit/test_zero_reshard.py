@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.ckpt import checkpoint as ck
+from swiftslurm.ckpt.checkpoint import ResumePoint
+from swiftslurm.engines import zero_reshard as zr
+from swiftslurm.engines.base import argv_value
+from swiftslurm.engines.hf import HfTrainerEngine
+from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt as attempt_mod
 from swiftslurm.node import resume, watch
-from swiftslurm.node.ckpt import checkpoint as ck
-from swiftslurm.node.ckpt.checkpoint import ResumePoint
-from swiftslurm.node.engines import zero_reshard as zr
-from swiftslurm.node.engines.base import argv_value
-from swiftslurm.node.engines.hf import HfTrainerEngine
-from swiftslurm.node.engines.megatron import MegatronEngine
 from swiftslurm.node.heartbeat import read_beat
-from swiftslurm.node.slurm_env import SlurmEnv, may_shrink, reshard_ranks
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir import LEADER_BEAT, RESUME
+from swiftslurm.rundir.layout import LEADER_BEAT, RESUME
+from swiftslurm.slurm_env import SlurmEnv, may_shrink, reshard_ranks
 from tests.conftest import plan_for
 
 ZERO2 = {"zero_optimization": {"stage": 2}, "train_batch_size": "auto"}

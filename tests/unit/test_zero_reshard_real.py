@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.engines import zero_reshard as zr
+from swiftslurm.engines import zero_reshard as zr
 
 pytestmark = [
     pytest.mark.slow,  # real DeepSpeed training in 3 processes: about 45 s of CPU

@@ -1,0 +1,270 @@
+"""The command line's own mistakes (Hydra's and OmegaConf's errors, keys the schema lacks) as one line each.
+
+Hydra reports a bad override in up to 15 lines with exit status 1 and adds an unknown key silently when the user
+follows its own hint (`+cluster.node=4`). swiftslurm reads the same errors here and says, in one line, which
+setting is wrong and how to fix it; the command line prints it and exits 2 like every other refusal (errors.py).
+Login side only: imports Hydra and OmegaConf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import typing
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    InterpolationKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from swiftslurm.errors import ConfigError, did_you_mean, one_of
+from swiftslurm.planning.config import Config
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# Command-line flags Hydra itself reads; anything else starting with '-' is a mistyped setting.
+HYDRA_FLAGS = re.compile(
+    r"^(-m|--multirun|-c|--cfg|-p|--package|-r|--run|-h|--help|--hydra-help|--info|--version|--resolve|"
+    r"-sc|--shell-completion|-cp|--config-path|-cn|--config-name|-cd|--config-dir|--experimental-rerun)(=|$)"
+)
+_SETTINGS = "settings are KEY=VALUE (`python -m swiftslurm --cfg job` prints them all)"
+
+
+# ------------------------------------------------------------------------------ the schema's keys
+
+
+@functools.cache  # the schema's classes never change; every sweep point checks its keys against them
+def _fields(cls: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _schema_at(path: Sequence[str]) -> Any:
+    """The dataclass at a dotted path of the root schema (None past a leaf or a free-form dict)."""
+    node: Any = Config
+    for part in path:
+        if not isinstance(node, type) or not dataclasses.is_dataclass(node):
+            return None
+        node = _fields(node).get(part)
+    return node if dataclasses.is_dataclass(node) else None
+
+
+def _leaves(cls: Any = Config, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, type) of every setting; free-form dicts (`swift`, `env`, `sbatch`) are leaves."""
+    for name, tp in _fields(cls).items():
+        if dataclasses.is_dataclass(tp):
+            yield from _leaves(tp, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", tp
+
+
+def suggest_key(key: str) -> str | None:
+    """The setting a mistyped key most likely meant: the same last word elsewhere (`nodes` -> `cluster.nodes`,
+    `learning_rate` -> `swift.learning_rate`), a close spelling, or a setting the last word begins."""
+    from swiftslurm.planning import swift_args
+
+    leaves = [k for k, _ in _leaves()]
+    last = key.rsplit(".", 1)[-1]
+    same_word = [k for k in leaves if k.rsplit(".", 1)[-1] == last and k != key]
+    if same_word:
+        return same_word[0]
+    parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    longer = [k for k in leaves if k.rsplit(".", 1)[-1].startswith(last) and k.startswith(parent)]
+    if longer and len(last) > 2:
+        return longer[0]
+    close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.7)
+    if close:
+        return close[0]
+    if last in swift_args.valid_args("swift sft") or last in swift_args.valid_args("megatron sft"):
+        return f"swift.{last}"
+    return None
+
+
+def unknown_key_message(key: str) -> str:
+    guess = suggest_key(key)
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    schema = _schema_at(parent.split(".")) if parent else Config
+    names = ", ".join(f.name for f in dataclasses.fields(schema)) if schema else ""
+    fix = f" Did you mean `{guess}`?" if guess else f" {parent or 'The top level'} has: {names}." if names else ""
+    return (
+        f"{key} is not a swiftslurm setting.{fix} HINT: ms-swift arguments go under `swift.`, "
+        "e.g. swift.max_steps=10; a `+` only adds keys inside swift, cluster.env and cluster.sbatch."
+    )
+
+
+def check_known_keys(cfg: DictConfig, schema: Any = Config, prefix: str = "") -> None:
+    """Refuse keys the schema lacks: Hydra adds them with `+` or `++`, and OmegaConf.to_object drops them."""
+    fields = _fields(schema)
+    for key in cfg:
+        name = f"{prefix}{key!s}"
+        if key not in fields:
+            raise ConfigError(unknown_key_message(name))
+        child = cfg._get_node(key)
+        if dataclasses.is_dataclass(fields[key]) and isinstance(child, DictConfig) and not child._is_missing():
+            check_known_keys(child, fields[key], f"{name}.")
+
+
+# ------------------------------------------------------------------------------ Hydra's errors
+
+
+def _kind(key: str) -> str:
+    tp = dict(_leaves()).get(key)
+    text = str(tp)
+    for needle, kind in (("bool", "true or false"), ("int", "a whole number (int)"), ("float", "a number (float)")):
+        if needle in text:
+            return kind
+    if "dict" in text.lower():
+        return "a mapping, e.g. {KEY: VALUE} (or set one entry: KEY.NAME=VALUE)"
+    if "list" in text.lower():
+        return "a list of strings, e.g. ['a b', c]"
+    return "a string"
+
+
+def _override_for(key: str, overrides: Sequence[str]) -> str:
+    for override in overrides:
+        if override.lstrip("+~").split("=", 1)[0] == key:
+            return override.lstrip("+~")
+    return f"{key}=VALUE"
+
+
+def is_bare_word(arg: str) -> bool:
+    """Neither KEY=VALUE, `~KEY` (Hydra's delete) nor a flag: on the command line only a command can be that."""
+    return bool(arg) and "=" not in arg and not arg.startswith(("-", "~"))
+
+
+def unknown_command_message(word: str, commands: Sequence[str]) -> str:
+    """`stauts`: the command it most likely meant; otherwise the commands and the KEY=VALUE form."""
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    if close:
+        return f"unknown command '{word}'; did you mean `{close[0]}`?"
+    return (
+        f"unknown command '{word}': the commands are {', '.join(commands)}, and {_SETTINGS}. "
+        "HINT: python -m swiftslurm --help."
+    )
+
+
+def flag_message(arg: str) -> str:
+    """`--dry-run`: not one of Hydra's flags; the setting it most likely meant, spelled KEY=VALUE."""
+    name, _, value = arg.lstrip("-").partition("=")
+    key = name.replace("-", "_")
+    known = dict(_leaves())
+    target = key if key in known else suggest_key(key)
+    if target is None:
+        return f"{arg} is not an option: {_SETTINGS}."
+    value = value or ("true" if "bool" in str(known.get(target)) else "VALUE")
+    return f"{arg} is not an option: {_SETTINGS}. Did you mean `{target}={value}`?"
+
+
+def _missing_config(err: Any) -> str:
+    found = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
+    if not found:
+        return _first_line(err)
+    group, name = found.groups()
+    options = list(err.options or []) or sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return f"{group}={name} is not known.{did_you_mean(name, options)} {one_of(options)}"
+
+
+def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
+    key = str(err.full_key or "")
+    given = _override_for(key, overrides)
+    return f"{given} is not {_kind(key)}. HINT: give {key} {_kind(key)}."
+
+
+def interpolation_message(err: InterpolationResolutionError) -> str:
+    """`${oc.env:SCRATCH}` with SCRATCH unset, `${foo}` with no setting foo: name the setting and the fix."""
+    key = str(err.full_key or "a value")
+    env = re.search(r"Environment variable '([^']+)' not found", str(err))
+    if env:
+        var = env.group(1)
+        return (
+            f"{key} reads ${{oc.env:{var}}}, but {var} is not set in this shell. HINT: export {var}=PATH first, "
+            f"or give a default: ${{oc.env:{var},/some/path}}."
+        )
+    if isinstance(err, InterpolationKeyError):
+        ref = re.search(r"Interpolation key '([^']+)'", str(err))
+        name = ref.group(1) if ref else "?"
+        return (
+            f"{key} refers to ${{{name}}}, which is not a setting. HINT: write the value itself, refer to a setting "
+            f"(e.g. ${{cluster.name}}), or quote a literal dollar sign: {key}='\\${{{name}}}'."
+        )
+    return f"{key}: {_first_line(err)}. HINT: check the ${{...}} in {key}."
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
+
+
+def _composition(err: Exception, overrides: Sequence[str]) -> str:
+    text = str(err)
+    if isinstance(err.__cause__, ValidationError):
+        return _validation(err.__cause__, overrides)
+    override = re.search(r"Could not (?:override|append to config|delete from config)\W+'?([\w.-]+)'?", text)
+    key = override.group(1) if override else ""
+    if "No match in the defaults list" in text:
+        given = _override_for(key, overrides)
+        return f"{given}: the {key} group is not chosen by default. HINT: add it with a plus: +{given}."
+    if "An item is already at" in text:
+        return f"+{key} is given twice, or {key} already has a value. HINT: give it once; without + to change it."
+    if key:
+        return unknown_key_message(key)
+    if "Multiple values for" in text:
+        group = re.search(r"Multiple values for (\S+)", text)
+        name = group.group(1).rstrip(".") if group else "a group"
+        return f"+{name} is given twice. HINT: choose one {name}: +{name}=NAME once."
+    ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if ambiguous:
+        given = ambiguous.group(1).lstrip("+")
+        return (
+            f"{given} has several values. HINT: to sweep over them, add -m (python -m swiftslurm -m {given}); "
+            f"a list is written [a,b]; a string with commas is quoted: '{given.split('=')[0]}=\"a,b\"'."
+        )
+    return _first_line(err)
+
+
+def _as_typed(override: str, overrides: Sequence[str]) -> str:
+    """The override as the user typed it (without the `++` that open_dict_overrides added)."""
+    return next((o for o in overrides if override in (o, f"++{o}")), override)
+
+
+def hydra_error_message(err: Exception, overrides: Sequence[str]) -> str:
+    """One line, naming the setting and the fix, for an error Hydra raised while reading the command line."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    if isinstance(err, OverrideParseException):
+        err.override = _as_typed(err.override, overrides)
+        if "missing EQUAL" in err.message:
+            return f"`{err.override}` is not KEY=VALUE: {_SETTINGS}. HINT: e.g. {err.override}=true."
+        return (
+            f"cannot read `{err.override}` ({err.message.splitlines()[0]}). HINT: close every bracket and "
+            "quote values with spaces, commas or brackets: 'key=\"a, b\"'."
+        )
+    if isinstance(err, MissingConfigException):
+        return _missing_config(err)
+    if isinstance(err, InterpolationResolutionError):
+        return interpolation_message(err)
+    if isinstance(err, ValidationError):
+        return _validation(err, overrides)
+    if isinstance(err, OmegaConfBaseException):
+        return f"{err.full_key}: {_first_line(err)}."
+    return _composition(err, overrides)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """The composed DictConfig as the schema's Config; a missing value or a bad interpolation is one line."""
+    check_known_keys(cfg)
+    try:
+        config = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} has no value. HINT: set {err.full_key}=VALUE.") from err
+    except InterpolationResolutionError as err:
+        raise ConfigError(interpolation_message(err)) from err
+    assert isinstance(config, Config)  # the root schema guarantees it
+    return config

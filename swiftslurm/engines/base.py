@@ -1,0 +1,170 @@
+"""What differs between training engines, in one place: an `Engine` adapter per launcher.
+
+The plan side asks an adapter which arguments it forces and which combinations it refuses; the node side
+asks it where progress is read, how a resume is expressed, whether a run reached its last step and which
+processes may receive the stop signal. Nothing outside an adapter branches on the engine (submitit keeps
+its schedulers apart the same way, `submitit/core/job_environment.py`). Adapters import neither torch nor
+ms-swift: the plugin each one names is what the training ranks import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm.ckpt.checkpoint import is_last_step, newest_committed, read_manifest
+from swiftslurm.signals import SAVE_SIGNAL, outermost_catchers
+
+if TYPE_CHECKING:
+    from swiftslurm.plan import BatchPlan, Parallelism
+
+ENGINES_DIR = Path(__file__).resolve().parent
+# ms-swift arguments that do not change what is trained (see Engine.result_argv).
+_NOT_RESULT_ARGS = frozenset({"--output_dir", "--ddp_timeout"})
+
+
+@dataclass(frozen=True)
+class ProgressSource:
+    """Where the leader reads training progress: a file, and the pattern of a "step K of N" line in it."""
+
+    description: str  # for people (the dry run): which rank writes what, where
+    pattern: re.Pattern[str]  # two groups: the step, the planned last step
+    in_output_dir: str | None = None  # a file in the output dir (shared by the nodes), else the node's own log
+
+    def path(self, output_dir: Path, node_log: Path) -> Path:
+        return output_dir / self.in_output_dir if self.in_output_dir else node_log
+
+
+class Engine:
+    """The adapter protocol, with what the engines share. Subclasses fill in the differences."""
+
+    launcher: str = ""
+    plugin: Path = ENGINES_DIR  # the file every rank imports (`--external_plugins`): commit and stop hooks
+    callbacks: tuple[str, ...] = ()  # the callbacks that plugin registers, added to `--callbacks`
+    replaced_callbacks: tuple[str, ...] = ()  # the engine's own callbacks ours replace (removed if asked for)
+    progress: ProgressSource
+    # `swift sft` runs one process without torchrun; Megatron initialises torch.distributed from torchrun's
+    # variables even for one process.
+    torchrun_for_one_process: bool = False
+    # Arguments swiftslurm owns for this engine: a user value would break the run directory or resume.
+    managed_args: frozenset[str] = frozenset({"output_dir", "add_version"})
+
+    # -- plan side ----------------------------------------------------------------------------------
+    def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
+        """Whether a single process must still be started by torchrun (for its rank variables)."""
+        return self.torchrun_for_one_process
+
+    def default_args(self, seed: int) -> dict[str, Any]:
+        """Arguments this engine runs with unless the configuration says otherwise."""
+        return {}
+
+    def batch_args(self, batch: BatchPlan) -> dict[str, Any]:
+        """The planned batch in this engine's arguments."""
+        return {"per_device_train_batch_size": batch.micro, "gradient_accumulation_steps": batch.grad_accum}
+
+    def parallel_args(self, par: Parallelism) -> dict[str, Any]:
+        """Model-parallel degrees in this engine's arguments (none: the engine has no model parallelism)."""
+        return {}
+
+    def forced_args(self, args: Mapping[str, Any], output_dir: Path) -> dict[str, Any]:
+        """Arguments this engine must run with under swiftslurm, merged last over everything else."""
+        owned = (*self.callbacks, *self.replaced_callbacks)
+        callbacks = [c for c in as_list(args.get("callbacks")) if c not in owned]
+        plugins = [p for p in as_list(args.get("external_plugins")) if p != str(self.plugin)]
+        return {
+            "output_dir": str(output_dir),
+            "add_version": False,  # no versioned vN-<time>/ subfolder: checkpoints must be where resume looks
+            "callbacks": [*callbacks, *self.callbacks],
+            "external_plugins": [*plugins, str(self.plugin)],
+        }
+
+    def result_argv(self, argv: tuple[str, ...]) -> list[list[str]]:
+        """The arguments of ``argv`` that determine what is trained, one [--name, values...] group each (the
+        plan's identity): without where the output goes (inside the run dir), how long NCCL waits (the
+        cluster's), and this engine's own hooks (their path is wherever swiftslurm is installed)."""
+        ours = {*self.callbacks, str(self.plugin)}
+        groups: list[list[str]] = []
+        for word in argv:
+            if word.startswith("--") or not groups:
+                groups.append([word])
+            else:
+                groups[-1].append(word)
+        kept = [[g[0], *(v for v in g[1:] if v not in ours)] for g in groups if g[0] not in _NOT_RESULT_ARGS]
+        return [g for g in kept if len(g) > 1 or g[0] not in ("--callbacks", "--external_plugins")]
+
+    def refusal(self, args: Mapping[str, Any]) -> str | None:
+        """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can)."""
+        return None
+
+    def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
+        """Why a checkpoint of these arguments cannot be resumed at a smaller world size, so the run may not
+        shrink (`resilience.min_nodes`); None: it can. Full replicas (DDP, LoRA) load at any world size."""
+        return None
+
+    def resume_form(self) -> str:
+        """How a resume is expressed, for people (the dry run)."""
+        return " ".join(self.resume_args(Path("CKPT"), ()))
+
+    def describe(self) -> list[tuple[str, str]]:
+        """The adapter's choices, for people (the dry run shows them)."""
+        return [
+            ("adapter", f"{type(self).__name__} (`{self.launcher}`)"),
+            ("commit hook", f"{', '.join(self.callbacks)} from {self.plugin.name} (--external_plugins, every rank)"),
+            ("progress", self.progress.description),
+            ("finished", "a committed checkpoint of the planned last step (its manifest says so)"),
+            ("resume", self.resume_form()),
+            ("stop signal", "USR2 to the training ranks only (never to what they start, e.g. vLLM or data workers)"),
+        ]
+
+    # -- node side ----------------------------------------------------------------------------------
+    def reshaped_args(self, batch: BatchPlan) -> tuple[str, ...]:
+        """Arguments appended to the planned ones (ms-swift's parser keeps the last) to train with ``batch``
+        instead: an attempt on fewer nodes than planned (slurm_env.attempt_batch)."""
+        return tuple(word for name, value in self.batch_args(batch).items() for word in (f"--{name}", str(value)))
+
+    def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def prepare_reshard(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int, python: str) -> None:
+        """Leader only, before it publishes the resume point: make ``checkpoint`` loadable at ``data_parallel``
+        ranks when this engine needs a conversion for that (beside the checkpoint; the committed one is never
+        changed). ``data_parallel``: the ranks the optimizer state is partitioned over, the attempt's world
+        size for the HF family (DeepSpeed ZeRO partitions over every rank). ``python``: the training Python
+        (plan.python). Default: nothing to do."""
+
+    def resume_args_at(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int) -> tuple[str, ...]:
+        """resume_args for an attempt with ``data_parallel`` ranks, which may differ from the number that wrote
+        ``checkpoint`` (after prepare_reshard). Default: the checkpoint loads at any size as it is."""
+        return self.resume_args(checkpoint, swift_argv)
+
+    def reached_last_step(self, output_dir: Path) -> bool:
+        """Whether training is complete: the newest committed checkpoint is the planned last step (the
+        commit hook writes that step into the manifest). Once it is, nothing trains again."""
+        newest, _ = newest_committed(output_dir)
+        return newest is not None and is_last_step(read_manifest(newest))
+
+    def stop_recipients(self, trainer_pid: int) -> list[int]:
+        """The processes that get the save signal: the training ranks, and nothing they started.
+
+        A rank is the outermost process that catches it: `swift` and torchrun ignore it, the ranks install
+        the plugin's handler, and whatever a rank forks inherits that handler (a data loader worker, a vLLM
+        engine) or was exec'ed with the default action, which kills. Neither may get it."""
+        return outermost_catchers(trainer_pid, SAVE_SIGNAL)
+
+
+def argv_value(argv: tuple[str, ...], name: str) -> str | None:
+    """The value of `--name` in an ms-swift argument list (the last one wins, as in ms-swift's parser)."""
+    flag, found = f"--{name}", None
+    for i, token in enumerate(argv[:-1]):
+        if token == flag:
+            found = argv[i + 1]
+    return found
+
+
+def as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

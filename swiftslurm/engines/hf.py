@@ -1,0 +1,81 @@
+"""`swift sft|pt|rlhf`: the Hugging Face Trainer family (SFT, continued pre-training, DPO, GRPO, ...)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.ckpt.checkpoint import universal_companion
+from swiftslurm.engines import zero_reshard
+from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value
+from swiftslurm.engines.progress import finished_steps
+from swiftslurm.errors import NodeError
+
+
+class HfTrainerEngine(Engine):
+    launcher = "swift"
+    plugin = ENGINES_DIR / "swift_plugin.py"
+    callbacks = ("swiftslurm_stop", "swiftslurm_commit")
+    # ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less a step).
+    replaced_callbacks = ("graceful_exit",)
+    managed_args = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
+    # ms-swift prints "{'loss': '6.613', ..., 'global_step/max_steps': '11/40', ...}" on global rank 0, which
+    # runs on node 0: the leader reads its own log.
+    progress = ProgressSource(
+        "node 0's log: 'global_step/max_steps': 'K/N' (printed by global rank 0)",
+        re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'"),
+    )
+
+    def default_args(self, seed: int) -> dict[str, Any]:
+        # data_seed: the data order after a resume is the one an uninterrupted run would have seen.
+        return {"data_seed": seed}
+
+    def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
+        # Without torchrun's RANK/WORLD_SIZE/MASTER_ADDR, DeepSpeed's init_distributed looks for them through
+        # MPI (mpi_discovery): on a SLURM node with mpi4py and an Open MPI built without PMI, MPI_Init aborts
+        # the process (seen on an H200 node with ZeRO-3 on one GPU). torchrun with one process sets them.
+        return "--deepspeed" in swift_argv
+
+    def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
+        # FSDP2 saves a torch distributed checkpoint, which reshards on load. A DeepSpeed ZeRO-1/2 checkpoint
+        # holds one optimizer shard per data-parallel rank; the leader converts it to DeepSpeed's universal
+        # form for another size (prepare_reshard). ZeRO-3 and offload are not verified that way.
+        deepspeed = args.get("deepspeed")
+        if deepspeed and (why := zero_reshard.unsupported(str(deepspeed))) is not None:
+            return (
+                f"resilience.min_nodes with DeepSpeed (deepspeed={deepspeed}): {why}, and a ZeRO checkpoint "
+                "holds one optimizer shard per data-parallel rank. HINT: use strategy=zero2 (ZeRO-1/2 without "
+                "offload), strategy=ddp, LoRA or strategy=fsdp2, or leave resilience.min_nodes out "
+                "(docs/resilience.md, 'Resume on fewer nodes')."
+            )
+        return None
+
+    def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
+        return ("--resume_from_checkpoint", str(checkpoint))
+
+    def prepare_reshard(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int, python: str) -> None:
+        # A DeepSpeed ZeRO checkpoint holds one optimizer shard per data-parallel rank and loads only at that
+        # size; its universal form loads at any (zero_reshard.py). DDP, LoRA and FSDP2 checkpoints need nothing.
+        deepspeed = argv_value(swift_argv, "deepspeed")
+        if deepspeed and zero_reshard.needs_universal(zero_reshard.zero_shards(checkpoint), data_parallel):
+            zero_reshard.convert(checkpoint, deepspeed, python)
+
+    def resume_args_at(self, checkpoint: Path, swift_argv: tuple[str, ...], data_parallel: int) -> tuple[str, ...]:
+        shards = zero_reshard.zero_shards(checkpoint)
+        if not (argv_value(swift_argv, "deepspeed") and zero_reshard.needs_universal(shards, data_parallel)):
+            return self.resume_args(checkpoint, swift_argv)
+        if not zero_reshard.is_whole(checkpoint):  # the leader publishes the resume point only after convert()
+            raise NodeError(
+                f"{checkpoint} was written by {shards} ranks and this attempt has {data_parallel}, but its "
+                f"universal form {universal_companion(checkpoint)} is missing or incomplete. HINT: "
+                "node 0's log says why its conversion failed; the next attempt converts it again."
+            )
+        return zero_reshard.universal_resume_args(checkpoint)
+
+    def reached_last_step(self, output_dir: Path) -> bool:
+        # ms-swift's end-of-training summary, or (a run killed between its last commit and that summary) a
+        # committed checkpoint of the last step.
+        steps = finished_steps(output_dir)
+        return (steps is not None and steps[0] >= steps[1]) or super().reached_last_step(output_dir)

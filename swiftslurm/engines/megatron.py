@@ -1,0 +1,109 @@
+"""`megatron sft|pt`: Megatron-SWIFT (tensor, pipeline, context and expert parallelism).
+
+Facts it rests on, seen on H200s with ms-swift 4.6 and megatron-core 0.19 (docs/gpu.md): the progress line
+`{'loss': ..., 'iteration': 'K/N', ...}` is printed by the LAST rank only, so on a multi-node job it is not
+in node 0's log; the same line goes to `output_dir/logging.jsonl` (on the shared run dir). Checkpoints are
+`checkpoint-N/` holding `iter_000000N/` (mcore distributed format), `latest_checkpointed_iteration.txt`,
+`args.json` and safetensors. A resume is `--mcore_model CKPT --finetune false` (full) or `--mcore_adapter
+CKPT --finetune false` (LoRA): iteration, optimizer, scheduler and RNG come back from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, as_list
+from swiftslurm.rundir.layout import METRICS
+
+if TYPE_CHECKING:
+    from swiftslurm.plan import BatchPlan, Parallelism
+
+
+class MegatronEngine(Engine):
+    launcher = "megatron"
+    plugin = ENGINES_DIR / "megatron_plugin.py"
+    callbacks = ("swiftslurm_megatron_stop", "swiftslurm_megatron_commit")
+    torchrun_for_one_process = True
+    # finetune: swiftslurm sets it for a resume (false: load iteration, optimizer and RNG from the checkpoint).
+    managed_args = frozenset({"output_dir", "add_version", "finetune"})
+    # PrintCallback's JsonlWriter (write_on_rank='last') dumps each log dict as JSON.
+    progress = ProgressSource(
+        'output/logging.jsonl: "iteration": "K/N" (written by the last rank, on the shared run dir)',
+        re.compile(r'"iteration": "(\d+)/(\d+)"'),
+        in_output_dir=METRICS,
+    )
+
+    def batch_args(self, batch: BatchPlan) -> dict[str, Any]:
+        return {"micro_batch_size": batch.micro, "global_batch_size": batch.global_}
+
+    def parallel_args(self, par: Parallelism) -> dict[str, Any]:
+        return {
+            "tensor_model_parallel_size": par.tp,
+            "pipeline_model_parallel_size": par.pp,
+            "context_parallel_size": par.cp,
+            "expert_model_parallel_size": par.ep,
+            "sequence_parallel": par.sequence_parallel,
+        }
+
+    def refusal(self, args: Mapping[str, Any]) -> str | None:
+        if args.get("vllm_mode"):
+            return (
+                f"task.vllm_mode={args['vllm_mode']} with `megatron`: swiftslurm does not combine vLLM rollouts "
+                "with Megatron (untested: which processes catch the stop signal). "
+                "HINT: use task=grpo with strategy=zero3 (or zero2/fsdp2)."
+            )
+        if _true(args.get("async_save")):
+            return (
+                "swift.async_save=true: Megatron writes the checkpoint after its save hook returns, so "
+                "swiftslurm could commit a checkpoint still being written. HINT: leave async_save out."
+            )
+        for name in ("no_save_optim", "no_save_rng"):
+            if _true(args.get(name)):
+                return (
+                    f"swift.{name}=true: a resumed run would not continue where it stopped (its "
+                    f"{'optimizer state' if 'optim' in name else 'random state'} is not saved). HINT: leave {name} out."
+                )
+        if "none" in [str(v) for v in as_list(args.get("report_to"))]:
+            # ms-swift 4.6 turns each report_to entry into a callback name: 'none' is a KeyError at start-up.
+            return (
+                "swift.report_to=none crashes `megatron` 4.6 at start-up (KeyError 'none'). HINT: leave report_to "
+                "out (set by a config group such as model=tiny: add ~model.swift.report_to to the command)."
+            )
+        return None
+
+    def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
+        return (
+            "resilience.min_nodes with `megatron`: swiftslurm has not shown that Megatron's distributed checkpoint "
+            "(distributed optimizer, tp/pp/ep layout) resumes at a smaller data-parallel size, with the same "
+            "global batch and data position. HINT: leave resilience.min_nodes out (a lost node is then excluded "
+            "and the run waits for the planned node count)."
+        )
+
+    def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
+        # LoRA checkpoints hold the adapter (peft format): the base model still comes from --model.
+        lora = (argv_value(swift_argv, "tuner_type") or "full") != "full"
+        return ("--mcore_adapter" if lora else "--mcore_model", str(checkpoint), "--finetune", "false")
+
+    def resume_form(self) -> str:
+        return "--mcore_model CKPT --finetune false (full); --mcore_adapter CKPT --finetune false (LoRA)"
+
+
+def pauses_after(iteration: int, args: Any, saving: bool) -> tuple[bool, bool]:
+    """Whether a save, an evaluation follows ``iteration`` (the plugin announces them to the hang watchdog).
+    Megatron-SWIFT appends its `default_flow` callback after ours (`callbacks += ['print', 'default_flow']`), so
+    its flags are not set yet when ours runs: its rule (ms-swift 4.6, swift/megatron/callbacks/default_flow.py)
+    is applied here to the same arguments. ``saving``: a save was asked already (the stop vote)."""
+    last = iteration >= args.train_iters
+    evaluates = getattr(args, "eval_iters", 0) > 0 and (last or _every(iteration, getattr(args, "eval_steps", None)))
+    return saving or last or _every(iteration, getattr(args, "save_steps", None)), bool(evaluates)
+
+
+def _every(iteration: int, interval: int | None) -> bool:
+    return bool(interval) and iteration % int(interval or 1) == 0
+
+
+def _true(value: Any) -> bool:
+    return str(value).lower() in ("true", "1")

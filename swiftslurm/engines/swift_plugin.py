@@ -1,0 +1,85 @@
+"""ms-swift plugin (`--external_plugins`) for `swift sft|pt|rlhf`, imported by every training rank.
+
+It registers two Trainer callbacks (hooks.py does the work). `swiftslurm_stop` saves the current step and
+stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at
+the same step; it also announces the saves, evaluations and epoch ends the hang watchdog must allow for.
+`swiftslurm_commit` commits each checkpoint once every rank has written it. Retention (`save_total_limit`,
+here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's stack dump (hooks.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from swift.callbacks import TrainerCallback, callbacks_map
+
+from swiftslurm.engines.hooks import Committer, StopRequest, announce_pause, register_stack_dump
+
+register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
+
+
+class StopCallback(TrainerCallback):
+    """Save the current step and stop training once a stop signal has reached any rank.
+
+    It replaces ms-swift's `graceful_exit`, which does the same with a GPU all-reduce and a device
+    synchronisation after every step, and which also stops whenever a file `/tmp/stop` exists on a node.
+    """
+
+    def __init__(self, args: Any, trainer: Any) -> None:
+        super().__init__(args, trainer)
+        self._stop = StopRequest()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._stop.vote.join()
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._stop.should_stop_now(state.global_step):
+            control.should_save = True
+        # The Trainer's flow callback runs first: these say what follows this step's progress line.
+        announce_pause(state.global_step, control.should_save, control.should_evaluate)
+        return control
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # The data loader starts over (workers, shuffling), and an epoch strategy saves and evaluates here.
+        announce_pause(state.global_step, control.should_save, control.should_evaluate, epoch_end=True)
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._stop.stopping:
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._stop.finish(print_cost=state.is_world_process_zero)
+        return control
+
+
+class CommitCallback(TrainerCallback):
+    """Commit each checkpoint once all ranks have written it."""
+
+    def __init__(self, args: Any, trainer: Any) -> None:
+        super().__init__(args, trainer)
+        self._committer = Committer(engine="swift")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._committer.train_begun(state.global_step)  # after the resume checkpoint was loaded
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._committer.timeline.step_ended()
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self._committer.after_save(folder, last_step=state.max_steps)
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._committer.finish()
+        return control
+
+
+callbacks_map["swiftslurm_stop"] = StopCallback
+callbacks_map["swiftslurm_commit"] = CommitCallback

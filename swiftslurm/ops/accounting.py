@@ -1,0 +1,147 @@
+"""SLURM's accounting of a run's jobs, cached in the run dir, and the run's goodput ledger built from it.
+
+`status` asks `sacct --duplicates` (slurm_cli.job_runs) once for all the jobs of all the runs it shows, and
+only for jobs whose accounting can still change: a job that has ended for good (not requeued, not waiting,
+not running) is never asked about again, and one still running at most once every ACCOUNTING_TTL_S. Busy
+clusters rate-limit sacct; a folder of a thousand finished runs costs no SLURM call at all. The cache is
+RUN_DIR/accounting.json (rundir.ACCOUNTING); a run dir that cannot be written to is simply not cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.ops import ledger
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import ACCOUNTING, JOB, attempt_dir, trainer_timeline
+from swiftslurm.rundir.records import read_attempts, read_open_attempt
+from swiftslurm.rundir.timeline import read_timeline
+
+ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
+ASK_TIMEOUT_S = 10.0
+# SLURM states after which a job run's row never changes and no new run of the job comes.
+FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+Asker = Callable[[list[str]], list[dict[str, Any]]]
+
+
+def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
+    from swiftslurm import slurm as slurm_cli
+
+    return slurm_cli.job_runs(job_ids, ASK_TIMEOUT_S)
+
+
+def job_ids(run_dir: Path) -> list[str]:
+    """Every SLURM job that carried the run: each attempt's, and the latest submission's (job.json)."""
+    from swiftslurm.rundir.jsonio import read_json
+
+    found = [str(r["job_id"]) for r in read_attempts(run_dir) if r.get("job_id")]
+    job = read_json(run_dir / JOB) or {}
+    if job.get("job_id") and job.get("scheduler") != "local":
+        found.append(str(job["job_id"]))
+    return list(dict.fromkeys(found))
+
+
+def is_final(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a job's accounting can no longer change: its newest run ended in a final state."""
+    return bool(rows) and rows[-1].get("state") in FINAL_STATES and rows[-1].get("end") is not None
+
+
+def refresh(
+    run_dirs: Sequence[Path], ask: Asker | None = ask_sacct, now: float | None = None
+) -> tuple[dict[Path, dict[str, list[dict[str, Any]]]], str]:
+    """Each run's job rows (job id -> rows), from its cache where that is final or fresh, the rest from one
+    `ask` for all runs together (None: the cache only); also why SLURM could not be asked ("" if it could or
+    did not need to be)."""
+    now = time.time() if now is None else now
+    cached = {d: _read_cache(d) for d in run_dirs}
+    wanted = {d: job_ids(d) for d in run_dirs}
+    stale = sorted({j for d in run_dirs for j in wanted[d] if _stale(cached[d].get(j), now)}) if ask else []
+    asked: dict[str, list[dict[str, Any]]] = {}
+    error = ""
+    if stale and ask is not None:
+        try:
+            for row in ask(stale):
+                asked.setdefault(str(row["job_id"]), []).append(row)
+        except (SwiftSlurmError, OSError) as err:
+            error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
+    result = {}
+    for d in run_dirs:
+        fresh = {j: {"rows": asked.get(j, []), "asked_at": now} for j in wanted[d] if j in stale and not error}
+        entries = {**cached[d], **fresh}
+        if fresh:
+            _write_cache(d, entries)
+        result[d] = {j: entries[j]["rows"] for j in wanted[d] if j in entries}
+    return result, error
+
+
+def _stale(entry: Mapping[str, Any] | None, now: float) -> bool:
+    if entry is None:
+        return True
+    return not is_final(entry.get("rows", [])) and now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
+
+
+def _read_cache(run_dir: Path) -> dict[str, Any]:
+    from swiftslurm.rundir.jsonio import read_json
+
+    jobs = (read_json(run_dir / ACCOUNTING) or {}).get("jobs")
+    return jobs if isinstance(jobs, dict) else {}
+
+
+def _write_cache(run_dir: Path, jobs: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # a run dir this user cannot write: no cache, the next status asks again
+        write_json_atomic(run_dir / ACCOUNTING, {"jobs": jobs})
+
+
+# ---------------------------------------------------------------- the run's ledger
+
+
+def run_ledger(
+    run_dir: Path,
+    plan: Mapping[str, Any],
+    jobs: Mapping[str, list[dict[str, Any]]] | None,
+    running: bool = False,
+    now: float | None = None,
+) -> ledger.Ledger:
+    """The run's ledger from its records and SLURM's rows of its jobs (None or missing: the records alone).
+    ``running``: the open attempt is training now (else, without a record, it was lost)."""
+    now = time.time() if now is None else now
+    devices, unit = devices_per_node(plan)
+    allocations = [a for rows in (jobs or {}).values() for a in allocations_of(rows, devices)]
+    attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in read_attempts(run_dir)]
+    opened = _open_attempt(run_dir, {a.attempt for a in attempts})
+    if opened is not None:
+        attempts.append(ledger.attempt_marks(opened, _events(run_dir, opened), running=running))
+    return ledger.compute(allocations, attempts, devices, unit, now)
+
+
+def devices_per_node(plan: Mapping[str, Any]) -> tuple[int, str]:
+    """What each node holds for the run: its GPUs, or (a CPU plan) its training processes."""
+    topology = plan.get("topology") or {}
+    gpus = int(topology.get("gpus_per_node") or 0)
+    return (gpus, "GPU") if gpus else (int(topology.get("procs_per_node") or 1), "CPU process")
+
+
+def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledger.Allocation]:
+    """The job runs that held nodes (a job cancelled while it waited never started)."""
+    return [
+        ledger.Allocation(str(r["job_id"]), float(r["start"]), r.get("end"), int(r["nodes"]) * devices, r.get("submit"))
+        for r in rows
+        if r.get("start") is not None and int(r.get("nodes") or 0) > 0
+    ]
+
+
+def _events(run_dir: Path, record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return read_timeline(trainer_timeline(attempt_dir(run_dir, str(record.get("attempt")))))
+
+
+def _open_attempt(run_dir: Path, recorded: set[str]) -> dict[str, Any] | None:
+    """The attempt marked open that has no record yet: running now (or lost, until the next one says so)."""
+    opened = read_open_attempt(run_dir)
+    return opened if opened and opened.get("attempt") not in recorded else None

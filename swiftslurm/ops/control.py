@@ -1,0 +1,153 @@
+"""Operating runs: `swiftslurm logs|cancel|resume RUN_OR_SWEEP_DIR` (status: swiftslurm.ops.status).
+
+- logs: the current attempt's node logs, ms-swift's argument dump folded to a line (swiftslurm/ops/follow.py);
+  `--follow` keeps printing, announces each new attempt (a requeue) and ends with the run's end state.
+- cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it); a running job is
+  asked to save its current step first (USR2) and given time to record it; then `scancel`. A sweep's (or a
+  folder's) runs are cancelled together: one signal to all, one wait, one `scancel`.
+- resume: resubmit a stopped, failed or cancelled run; it continues from its newest committed checkpoint.
+  A sweep dir resumes every point that is not finished or still queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.ops.follow import FOLLOW_POLL_S, show_logs
+from swiftslurm.ops.runs import FINAL_STATES, RunFacts, ask_slurm, gather, slurm_job_ids
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import CANCELLED, plan_file
+from swiftslurm.rundir.records import read_attempts, record_submission
+from swiftslurm.rundir.sweepdir import is_sweep, record_resubmission, run_dirs
+
+ACTIVE_STATES = ("pending", "running", "requeued")
+CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
+
+
+class OpsError(SwiftSlurmError):
+    """An operation that cannot be done on this run; the message says why and what to do."""
+
+
+def facts_of(run_dir: Path) -> RunFacts:
+    job_ids = slurm_job_ids([run_dir])
+    return gather(run_dir, ask_slurm(job_ids) if job_ids else None)
+
+
+def cancel(run_dir: Path, save_wait_s: float = CANCEL_SAVE_WAIT_S) -> str:
+    """Stop one run for good (cancel_all of one)."""
+    return cancel_all([run_dir], save_wait_s)[0]
+
+
+def cancel_all(run_dirs: list[Path], save_wait_s: float = CANCEL_SAVE_WAIT_S) -> list[str]:
+    """Stop runs for good, all at once: a sweep's points save the step each is at now, not one after another
+    while the others train on. Each run is marked cancelled (the wrapper then stops instead of requeuing);
+    every running job is asked to save with one `scancel --signal=USR2` (as before a preemption) and all get the
+    same ``save_wait_s`` to record their attempts: a plain `scancel` leaves only SLURM's KillWait (often 30 s or
+    less) to save, commit and record. Then one `scancel` ends whatever is left (jobs waiting in the queue,
+    wrappers that did not finish). One line per run, in order."""
+    job_ids = slurm_job_ids(run_dirs)
+    slurm = ask_slurm(job_ids) if job_ids else None
+    facts = {run_dir: gather(run_dir, slurm) for run_dir in run_dirs}
+    said = {
+        d: f"{f.run_name}: already {f.state}; nothing to cancel." for d, f in facts.items() if f.state in FINAL_STATES
+    }
+    for run_dir in [d for d in run_dirs if d not in said]:
+        write_json_atomic(run_dir / CANCELLED, {"at": time.time()})
+        if not (facts[run_dir].job_id and slurm_job_ids([run_dir])):
+            said[run_dir] = (
+                f"{facts[run_dir].run_name}: marked cancelled (no SLURM job; a local run stops with Ctrl-C)."
+            )
+    live = [d for d in run_dirs if d not in said]
+    recorded = {d: len(read_attempts(d)) for d in live if facts[d].state == "running"}
+    if recorded:
+        _scancel(["--signal=USR2", *(str(facts[d].job_id) for d in recorded)])
+        _wait_for_records(recorded, save_wait_s)
+    if live:
+        _scancel([str(facts[d].job_id) for d in live])
+    for run_dir in live:
+        said[run_dir] = f"{facts[run_dir].run_name}: cancelled job {facts[run_dir].job_id}{_saved(run_dir, recorded)}."
+    return [said[d] for d in run_dirs]
+
+
+def _wait_for_records(recorded: dict[Path, int], wait_s: float) -> None:
+    """Until each run has more attempt records than ``recorded`` says, or ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    while any(len(read_attempts(d)) == n for d, n in recorded.items()) and time.monotonic() < deadline:
+        time.sleep(FOLLOW_POLL_S)
+
+
+def _saved(run_dir: Path, recorded: dict[Path, int]) -> str:
+    """'; saved at step N' when the run recorded its attempt after the save signal, else ''."""
+    attempts = read_attempts(run_dir)
+    if run_dir not in recorded or len(attempts) <= recorded[run_dir]:
+        return ""
+    return f"; saved at step {attempts[-1].get('committed_step')}"
+
+
+def _scancel(args: list[str]) -> None:
+    try:
+        slurm_cli.run(["scancel", *args])
+    except SwiftSlurmError as err:  # the job ended meanwhile: nothing left to cancel
+        if "already" not in str(err).lower() and "invalid job id" not in str(err).lower():
+            raise
+
+
+def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:
+    """Resubmit the run (``sweep_dir``: the sweep it is a point of, whose record then names the new job)."""
+    from swiftslurm.plan import JobPlan
+    from swiftslurm.submit import jobs as submit
+
+    facts = facts_of(run_dir)
+    if facts.state in ACTIVE_STATES:
+        return f"{facts.run_name}: {facts.state} as job {facts.job_id}; not resubmitted."
+    if facts.state == "finished":
+        return f"{facts.run_name}: finished; nothing to resume."
+    plan = JobPlan.load(plan_file(run_dir))
+    (run_dir / CANCELLED).unlink(missing_ok=True)
+    job = submit.submit(plan)
+    record_submission(run_dir, str(job.job_id), plan.scheduler)
+    if sweep_dir is not None:
+        record_resubmission(sweep_dir, run_dir, str(job.job_id))
+    where = f"step {facts.committed_step}" if facts.committed_step else "the start (nothing committed)"
+    return f"{facts.run_name}: resubmitted as job {job.job_id}; resumes from {where}."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swiftslurm", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    logs = commands.add_parser("logs", help="the current attempt's node logs")
+    logs.add_argument("run_dir", type=Path)
+    logs.add_argument("--node", type=int, help="only this node (0 = the leader)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following until the run ends")
+    logs.add_argument("-v", "--verbose", action="store_true", help="also ms-swift's multi-line dumps (args: ...)")
+    for name, text in (("cancel", "stop for good (no requeue)"), ("resume", "resubmit from the newest checkpoint")):
+        commands.add_parser(name, help=text).add_argument("path", type=Path, help="run dir or sweep dir")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "logs":
+            if not plan_file(args.run_dir).is_file():
+                hint = "HINT: `swiftslurm status runs/` lists the runs."
+                raise OpsError(f"{args.run_dir} is not a run dir (no plan.json). {hint}")
+            return show_logs(args.run_dir, facts_of, args.node, args.follow, args.verbose)
+        dirs = run_dirs(args.path)
+        if not dirs:
+            raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.jsonl).")
+        if args.command == "cancel":  # all together: a sweep's points stop at the same moment
+            print("\n".join(cancel_all(dirs)))
+            return 0
+        sweep_dir = args.path if is_sweep(args.path) else None
+        for run_dir in dirs:
+            print(resume(run_dir, sweep_dir))
+    except SwiftSlurmError as err:
+        print(f"swiftslurm: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The goodput ledger: where a run's allocated GPU-hours went (pure functions of facts; no I/O).
+
+Allocated device-seconds are SLURM's: each run of each of the run's jobs (one row of `sacct --duplicates`: a
+requeue starts a new one) held `width` devices (nodes × GPUs per node, or CPU processes per node) from its
+Start to its End. That time is split by marks: a mark says from which moment the time goes to which category,
+until the next mark. The allocation's Start opens start-up; each attempt adds its own marks, from the
+attempt's record (when the wrapper entered each phase, node/attempt.py) and from its trainer's timeline
+(global rank 0: training loop begun, each save and commit, loop ended; node/timeline.py):
+
+    startup      job start -> the wrapper's attempt (allocation check, lease, preflight)
+    restore      choosing the resume point (quarantine; the restore from object storage; converting a ZeRO
+                 checkpoint for another number of ranks, engines/zero_reshard.py)
+    load         the trainer's start -> its training loop (ms-swift start-up, model and checkpoint load)
+    committed    training whose steps a later commit of the same attempt covers
+    lost         training after the attempt's last commit, up to the last sign of training (the steps a
+                 preemption, a crash or a hang lost)
+    save         saving checkpoints (the step's end -> every rank has written it; the last commit at the end)
+    restart      after the last commit (or, when the loop never ended, the last sign of training) of an
+                 attempt that is requeued or restarted: noticing the failure, the trainer's exit, the decision,
+                 the requeue, SLURM ending the job run (and a next attempt's preparation in the same allocation)
+    finish       the same after the run's last attempt (done, or stopped for good)
+    uncommitted  training since the last commit of the attempt still running (lost if it ended now)
+
+Queue wait (Start - Submit of each job run) is not allocated, so it is shown beside the split, not in it;
+so is the requeue hold (a requeued job run's End -> its return to the queue: SLURM's KillWait, during which
+the nodes are held but not accounted). The categories come from the run's own records and SLURM's Start and
+End; `unaccounted` (allocated minus their sum) shows how well the two agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
+
+CATEGORIES = ("startup", "restore", "load", "committed", "lost", "save", "restart", "finish", "uncommitted")
+LABELS = {
+    "startup": "start-up",
+    "restore": "restore",
+    "load": "model/checkpoint load",
+    "committed": "training, committed",
+    "lost": "training lost since the last commit",
+    "save": "checkpoint save",
+    "restart": "requeue/restart delay",
+    "finish": "finish (after the last attempt)",
+    "uncommitted": "training not yet committed",
+}
+SLACK_S = 2.0  # sacct's times are whole seconds: an attempt may seem to begin or end that much outside its job run
+FINAL_DECISIONS = ("done", "stop")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """From ``at`` on, the allocation's time goes to ``category`` (until the next mark)."""
+
+    at: float
+    category: str
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One run of a SLURM job (a row of `sacct --duplicates`), or an attempt's own span where SLURM cannot say."""
+
+    job_id: str
+    start: float
+    end: float | None  # None: still running
+    width: int  # devices held: nodes × GPUs (or CPU processes) per node
+    submit: float | None = None
+    from_slurm: bool = True
+
+
+@dataclass(frozen=True)
+class AttemptMarks:
+    """One attempt: which job it ran in, when it began and ended (None: no record, lost or running), its marks."""
+
+    attempt: str
+    job_id: str | None
+    began: float
+    ended: float | None
+    marks: tuple[Mark, ...]
+    hosts: int = 1
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Device-seconds per category, the allocated total, and the waits beside it (wall seconds)."""
+
+    unit: str  # "GPU" or "CPU process": what `width` counts
+    allocated_s: float
+    spent_s: dict[str, float] = field(default_factory=dict)
+    queue_wait_s: float = 0.0
+    requeue_hold_s: float = 0.0
+    job_runs: int = 0
+    own_spans: int = 0  # job runs SLURM could not account for (a local run): allocated the attempt's own span
+
+    @property
+    def from_slurm(self) -> bool:
+        return self.own_spans == 0
+
+    @property
+    def allocated_from(self) -> str:
+        """Where the allocated time comes from, in words."""
+        if self.own_spans == 0:
+            return "SLURM accounting"
+        if self.own_spans >= self.job_runs:
+            return "the attempts' own spans (no SLURM accounting)"
+        return "SLURM accounting and the attempts' own spans"
+
+    @property
+    def accounted_s(self) -> float:
+        return sum(self.spent_s.values())
+
+    @property
+    def unaccounted_s(self) -> float:
+        return self.allocated_s - self.accounted_s
+
+    @property
+    def goodput(self) -> float | None:
+        return self.spent_s.get("committed", 0.0) / self.allocated_s if self.allocated_s > 0 else None
+
+    def plus(self, other: Ledger) -> Ledger:
+        """Two ledgers together (a sweep's total); mixed units are counted as "device"."""
+        return Ledger(
+            self.unit if self.unit == other.unit else "device",
+            self.allocated_s + other.allocated_s,
+            {c: self.spent_s.get(c, 0.0) + other.spent_s.get(c, 0.0) for c in CATEGORIES},
+            self.queue_wait_s + other.queue_wait_s,
+            self.requeue_hold_s + other.requeue_hold_s,
+            self.job_runs + other.job_runs,
+            self.own_spans + other.own_spans,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "allocated_s": round(self.allocated_s, 1),
+            "spent_s": {c: round(self.spent_s.get(c, 0.0), 1) for c in CATEGORIES},
+            "unaccounted_s": round(self.unaccounted_s, 1),
+            "goodput": None if self.goodput is None else round(self.goodput, 4),
+            "queue_wait_s": round(self.queue_wait_s, 1),
+            "requeue_hold_s": round(self.requeue_hold_s, 1),
+            "job_runs": self.job_runs,
+            "allocated_from": self.allocated_from,
+        }
+
+
+# ---------------------------------------------------------------- an attempt's marks
+
+
+def attempt_marks(
+    record: Mapping[str, Any], events: Sequence[Mapping[str, Any]], running: bool = False
+) -> AttemptMarks:
+    """The marks of one attempt from its record (attempts.jsonl, or attempt_open.json while it runs) and its
+    trainer's timeline events."""
+    phases = record.get("phases") or {}
+    lost = not running and record.get("end") is None  # closed by the next attempt: it died without a record
+    began = _first_number(phases.get("prepare"), phases.get("agree_on_resume"), record.get("start")) or 0.0
+    marks = [Mark(began, "lost" if lost else "startup")]
+    marks += _phase_marks(record, phases)
+    after_commit = "uncommitted" if running else "lost"
+    marks += training_marks(events, after_commit) or _estimated_training(record, after_commit)
+    marks += _tail_marks(record, phases, events)
+    ended = record.get("end") if isinstance(record.get("end"), (int, float)) else None
+    hosts = len(record.get("hosts") or []) or 1
+    return AttemptMarks(str(record.get("attempt")), _job(record), began, ended, tuple(marks), hosts)
+
+
+def _phase_marks(record: Mapping[str, Any], phases: Mapping[str, float]) -> list[Mark]:
+    marks = []
+    if "agree_on_resume" in phases:
+        marks.append(Mark(phases["agree_on_resume"], "restore"))
+    if "train" in phases:
+        marks.append(Mark(phases["train"], "load"))
+    elif not phases and isinstance(record.get("start"), (int, float)) and record.get("end") is not None:
+        marks.append(Mark(record["start"], "load"))  # a record from before phases were recorded: trainer start
+    return marks
+
+
+def training_marks(events: Sequence[Mapping[str, Any]], after_commit: str = "lost") -> list[Mark]:
+    """Marks of the trainer's timeline: training up to the attempt's last committed save is committed (a
+    checkpoint holds every step before it), training after it is ``after_commit``; saves are saves."""
+    begin = next((e["t"] for e in events if e.get("event") == TRAIN_BEGIN), None)
+    if begin is None:
+        return []
+    saves = [e for e in events if e.get("event") == SAVE]
+    committed = {e.get("step") for e in events if e.get("event") == COMMITTED}
+    last = max((i for i, s in enumerate(saves) if s.get("step") in committed), default=-1)
+    marks = [Mark(begin, "committed" if last >= 0 else after_commit)]
+    for i, save in enumerate(saves):
+        marks.append(Mark(float(save.get("started", save["t"])), "save"))
+        marks.append(Mark(save["t"], "committed" if i < last else after_commit))
+    end = next((e for e in events if e.get("event") == TRAIN_END), None)
+    if end is not None:
+        marks.append(Mark(float(end.get("started", end["t"])), "save"))  # waiting for the commit in flight
+    return marks
+
+
+def _estimated_training(record: Mapping[str, Any], after_commit: str) -> list[Mark]:
+    """Without a trainer timeline (records written before it existed): training from the first logged step,
+    split into committed and lost by the share of steps committed, at the attempt's average pace."""
+    first = record.get("first_step_at")
+    end = _first_number((record.get("phases") or {}).get("conclude"), record.get("end"))
+    resumed, last = record.get("resume_step") or 0, record.get("last_step") or 0
+    committed = record.get("committed_step") or 0
+    if not isinstance(first, (int, float)) or end is None or last <= resumed:
+        return []
+    share = max(0.0, min(1.0, (committed - resumed) / (last - resumed)))
+    return [Mark(first, "committed"), Mark(first + share * (end - first), after_commit)]
+
+
+def _tail_marks(
+    record: Mapping[str, Any], phases: Mapping[str, float], events: Sequence[Mapping[str, Any]]
+) -> list[Mark]:
+    """From the trainer's last commit (or its exit) to the record and beyond: restart, or finish."""
+    if record.get("decision") is None:
+        return []  # running, or lost: what follows is not known
+    tail = "finish" if record.get("decision") in FINAL_DECISIONS else "restart"
+    end = next((e["t"] for e in events if e.get("event") == TRAIN_END), None)
+    broken = _last_progress(record, events) if end is None else None
+    stopped = _first_number(phases.get("signalled"), phases.get("skip"))
+    exited = _first_number(phases.get("conclude"), record.get("end"))
+    return [Mark(at, tail) for at in (end, broken, stopped, exited) if at is not None]
+
+
+def _last_progress(record: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> float | None:
+    """The last sign of training in an attempt whose loop never ended (a worker crashed, a rank hung, the
+    trainer was killed): the newest logged step node 0 saw (`last_step_at`), save, or the loop's begin. What
+    follows is the failure being noticed and the trainer torn down: the restart's, not lost training. Steps
+    after the last logged one count to the restart too (ms-swift logs every `logging_steps`)."""
+    if not any(e.get("event") == TRAIN_BEGIN for e in events):
+        return None  # the trainer never trained (or kept no timeline): nothing to tell apart
+    seen = [record.get("last_step_at"), *(e["t"] for e in events if e.get("event") in (TRAIN_BEGIN, SAVE))]
+    return max(float(v) for v in seen if isinstance(v, (int, float)))
+
+
+def _first_number(*values: Any) -> float | None:
+    return next((float(v) for v in values if isinstance(v, (int, float))), None)
+
+
+def _job(record: Mapping[str, Any]) -> str | None:
+    job = record.get("job_id")
+    return None if job is None else str(job)
+
+
+# ---------------------------------------------------------------- the ledger
+
+
+def compute(
+    allocations: Sequence[Allocation],
+    attempts: Sequence[AttemptMarks],
+    devices_per_node: int,
+    unit: str,
+    now: float,
+) -> Ledger:
+    """Split every allocation's device-seconds by the marks of the attempts that ran in it. An attempt that
+    no allocation holds (SLURM could not say, a local run) gets an allocation of its own span."""
+    held: dict[int, list[AttemptMarks]] = {i: [] for i in range(len(allocations))}
+    own: list[Allocation] = []
+    for attempt in attempts:
+        index = _holder(allocations, attempt, now)
+        if index is None:
+            own.append(_own_allocation(attempt, devices_per_node, now))
+            held[len(allocations) + len(own) - 1] = [attempt]
+        else:
+            held[index].append(attempt)
+    every = [*allocations, *own]
+    spent = dict.fromkeys(CATEGORIES, 0.0)
+    allocated = 0.0
+    for i, allocation in enumerate(every):
+        end = now if allocation.end is None else allocation.end
+        allocated += max(0.0, end - allocation.start) * allocation.width
+        for category, seconds in split(allocation, held.get(i, []), end).items():
+            spent[category] += seconds * allocation.width
+    queue, hold = _waits(allocations)
+    return Ledger(unit, allocated, spent, queue, hold, len(every), len(own))
+
+
+def split(allocation: Allocation, attempts: Iterable[AttemptMarks], end: float) -> dict[str, float]:
+    """Wall seconds per category of one allocation: each mark's category holds until the next mark (the last
+    one until the allocation's end). Marks are not moved into the allocation: a record that says an attempt
+    went on after SLURM's End (or began before its Start) counts that time, and the ledger's `unaccounted`
+    shows the disagreement instead of hiding it."""
+    marks = [Mark(allocation.start, "startup")]
+    for n, attempt in enumerate(sorted(attempts, key=lambda a: a.began)):
+        # A later attempt in the same allocation (a restart in place, a local retry) prepares as part of
+        # the restart, not as the job's start-up.
+        marks += [Mark(m.at, "restart") if n and m.category == "startup" else m for m in attempt.marks]
+    marks.sort(key=lambda m: m.at)
+    seconds: dict[str, float] = {}
+    for mark, following in zip(marks, [*marks[1:], Mark(end, "")], strict=True):
+        seconds[mark.category] = seconds.get(mark.category, 0.0) + max(0.0, following.at - mark.at)
+    return seconds
+
+
+def _holder(allocations: Sequence[Allocation], attempt: AttemptMarks, now: float) -> int | None:
+    for i, allocation in enumerate(allocations):
+        end = now if allocation.end is None else allocation.end
+        same_job = attempt.job_id is None or attempt.job_id == allocation.job_id
+        if same_job and allocation.start - SLACK_S <= attempt.began <= end + SLACK_S:
+            return i
+    return None
+
+
+def _own_allocation(attempt: AttemptMarks, devices_per_node: int, now: float) -> Allocation:
+    end = attempt.ended if attempt.ended is not None else max([now, *(m.at for m in attempt.marks)])
+    width = attempt.hosts * devices_per_node
+    return Allocation(attempt.job_id or attempt.attempt, attempt.began, end, width, None, from_slurm=False)
+
+
+def _waits(allocations: Sequence[Allocation]) -> tuple[float, float]:
+    """Queue wait (Submit -> Start of each job run) and requeue hold (a job run's End -> the next run's Submit)."""
+    queue = sum(max(0.0, a.start - a.submit) for a in allocations if a.submit is not None)
+    hold = 0.0
+    ordered = sorted(allocations, key=lambda a: (a.job_id, a.start))
+    for before, after in itertools.pairwise(ordered):
+        if before.job_id == after.job_id and before.end is not None and after.submit is not None:
+            hold += max(0.0, after.submit - before.end)
+    return queue, hold

@@ -1,0 +1,244 @@
+"""What a run directory says about its run, and what SLURM adds: the facts behind `status`, `cancel`,
+`resume` and the plots. Reading never changes anything; SLURM being unreachable is a fact, not an error.
+
+A run directory holds: plan.json (the plan), job.json (the latest submission), status.json (the leader's
+view), attempts.jsonl (one record per attempt), sync.json (object storage), output/logging.jsonl
+(ms-swift's metrics), and cancelled.json once someone cancelled the run (names: swiftslurm/rundir/layout.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
+from swiftslurm.ops.accounting import run_ledger
+from swiftslurm.ops.ledger import Ledger
+from swiftslurm.rundir.jsonio import read_json
+from swiftslurm.rundir.layout import (
+    JOB,
+    SLURM_LOG,
+    SYNC_STATE,
+    logs_dir,
+    output_dir,
+    plan_file,
+    slurm_log,
+)
+from swiftslurm.rundir.metrics import read_metrics
+from swiftslurm.rundir.records import is_cancelled, read_attempts, read_status
+
+# What the leader writes in status.json, refined by what SLURM says about the job right now.
+FINAL_STATES = ("finished", "failed", "cancelled")
+# Every state `status` can show (docs/operations.md lists each; tests/unit/test_status_view.py holds them equal).
+STATES = ("planned", "pending", "running", "restarting", "requeued", *FINAL_STATES)
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """What SLURM says about some jobs now; `available` False when squeue/sacct could not be asked."""
+
+    available: bool
+    states: dict[str, str] = field(default_factory=dict)  # job id -> PENDING, RUNNING, COMPLETED, ...
+    error: str = ""
+    accounting_error: str = ""  # why sacct's accounting could not be read (the ledger then uses its cache)
+
+
+def ask_slurm(job_ids: list[str]) -> SlurmView:
+    """One squeue for jobs in the queue, one sacct for the rest. Never raises."""
+    if not job_ids:
+        return SlurmView(available=True)
+    try:
+        states = _squeue(job_ids)
+        ended = [job for job in job_ids if job not in states]
+        if ended:
+            states |= _sacct(ended)
+    except (OSError, subprocess.SubprocessError) as err:
+        return SlurmView(available=False, error=str(err).strip().splitlines()[-1][:200])
+    return SlurmView(available=True, states=states)
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        raise subprocess.SubprocessError(f"`{argv[0]}` failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def _squeue(job_ids: list[str]) -> dict[str, str]:
+    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"])
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def _sacct(job_ids: list[str]) -> dict[str, str]:
+    out = _run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"])
+    states = {}
+    for line in out.splitlines():
+        job, _, state = line.partition("|")
+        if job and state:
+            states[job] = state.split()[0]  # "CANCELLED by 0" -> CANCELLED
+    return states
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One run, as `status` shows it."""
+
+    run_dir: str
+    run_name: str
+    state: str  # one of STATES
+    why: str
+    job_id: str | None
+    slurm_state: str | None
+    attempts: int
+    attempt_reasons: tuple[str, ...]
+    committed_step: int | None
+    max_steps: int | None
+    loss: float | None
+    samples_per_s: float | None
+    goodput: float | None
+    storage: dict[str, Any] | None
+    ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ops/ledger.py)
+
+    def as_dict(self) -> dict[str, Any]:
+        facts = asdict(self)
+        facts["ledger"] = self.ledger.as_dict() if self.ledger else None
+        return facts
+
+
+def _attempt_reason(record: dict[str, Any]) -> str:
+    """reason→decision; with the node count for a run that may shrink (its records hold `nodes`)."""
+    text = f"{record.get('reason')}→{record.get('decision')}"
+    return f"{text} on {record['nodes']} nodes" if record.get("nodes") else text
+
+
+def gather(
+    run_dir: Path, slurm: SlurmView | None = None, jobs: dict[str, list[dict[str, Any]]] | None = None
+) -> RunFacts:
+    """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
+    ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
+    plan = read_json(plan_file(run_dir)) or {}
+    job = submission(run_dir)
+    status = read_status(run_dir) or {}
+    if superseded(status, job):
+        status = {}  # the wrapper's last word is about an earlier job: the new one's state is SLURM's
+    attempts = read_attempts(run_dir)
+    metrics = read_metrics(run_dir)
+    job_id = str(job.get("job_id") or status.get("job_id") or "") or None
+    slurm_state = slurm.states.get(job_id) if slurm and job_id else None
+    if job.get("scheduler") == "local" and job_id:
+        slurm_state = _local_job_state(job_id)
+    state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
+    if job.get("by_hand") and not status:
+        why = _hand_submitted_why(run_dir, str(job_id), state, why)
+    committed, _ = newest_committed(output_dir(run_dir))
+    batch = global_batch(plan)
+    spent = run_ledger(run_dir, plan, jobs, running=state == "running")
+    return RunFacts(
+        run_dir=str(run_dir),
+        run_name=str(plan.get("run_name", run_dir.name)),
+        state=state,
+        why=why,
+        job_id=job_id,
+        slurm_state=slurm_state,
+        attempts=len(attempts),
+        attempt_reasons=tuple(_attempt_reason(a) for a in attempts),
+        committed_step=checkpoint_step(committed) if committed else None,
+        max_steps=metrics.max_steps,
+        loss=metrics.loss,
+        samples_per_s=batch / metrics.seconds_per_step if metrics.seconds_per_step and batch else None,
+        goodput=spent.goodput,
+        storage=read_json(run_dir / SYNC_STATE),
+        ledger=spent if spent.allocated_s > 0 else None,
+    )
+
+
+def _local_job_state(pid: str) -> str:
+    """A local job (submitit's local executor: the job id is the process id) is running while its process
+    lives; gone without a final word from the wrapper, it failed (killed, machine rebooted)."""
+    return "RUNNING" if pid.isdigit() and Path(f"/proc/{pid}").exists() else "FAILED"
+
+
+def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
+    """The job ids SLURM can answer for (local jobs are processes of this machine, not SLURM jobs)."""
+    jobs = [submission(d) for d in run_dirs]
+    return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
+
+
+def submission(run_dir: Path) -> dict[str, Any]:
+    """The job that carries the run: job.json (written when swiftslurm submits), else the newest SLURM output
+    file in logs/ (`sbatch RUN_DIR/job.sbatch` by hand writes no job.json; if the wrapper never started, e.g.
+    the node's Python cannot import swiftslurm, that file is the only trace of the job). {} if never submitted."""
+    job = read_json(run_dir / JOB)
+    if job:
+        return job
+    prefix, suffix = SLURM_LOG.split("%j")
+    ids = [f.name[len(prefix) : -len(suffix)] for f in logs_dir(run_dir).glob(SLURM_LOG.replace("%j", "*"))]
+    numeric = sorted((int(i) for i in ids if i.isdigit()), reverse=True)
+    return {"job_id": str(numeric[0]), "scheduler": "slurm", "by_hand": True} if numeric else {}
+
+
+def superseded(status: dict[str, Any], job: dict[str, Any]) -> bool:
+    """Whether status.json speaks of an earlier job than the run's latest submission (`resume`, or the same
+    command again, after the run was cancelled or failed): its final state must not hide the new job."""
+    written, latest = str(status.get("job_id") or ""), str(job.get("job_id") or "")
+    if not written or not latest or written == latest:
+        return False
+    return float(job.get("submitted") or 0) > float(status.get("updated") or 0)
+
+
+def _hand_submitted_why(run_dir: Path, job_id: str, state: str, why: str) -> str:
+    """A run submitted by hand whose wrapper has written nothing yet: say where SLURM's own output is."""
+    log = slurm_log(logs_dir(run_dir), job_id)
+    if state == "pending":
+        return f"submitted by hand as job {job_id}; no word from the wrapper yet: see {log}"
+    return f"{why}; see {log}" if why else f"see {log}"
+
+
+def global_batch(plan: dict[str, Any]) -> int | None:
+    """Samples per optimizer step (plan.json's batch): samples/s = this ÷ seconds per step, in `status` and plots."""
+    batch = plan.get("batch") or {}
+    try:
+        return int(batch["micro"]) * int(batch["grad_accum"]) * int(batch["data_parallel"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# SLURM states of a job that is over. A requeued job in the queue is PENDING (squeue); sacct's REQUEUED for a
+# job no longer in the queue means it was removed while waiting to start again.
+_SLURM_ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "REQUEUED",
+}
+
+
+def decide_state(status: dict[str, Any], slurm_state: str | None, cancelled: bool, submitted: bool) -> tuple[str, str]:
+    """The run's state from the leader's status.json and SLURM's view of its job (None: unknown)."""
+    written = str(status.get("state", ""))
+    why = str(status.get("why", ""))
+    if written in FINAL_STATES:
+        return written, why
+    if cancelled and slurm_state in (None, *_SLURM_ENDED):
+        return "cancelled", "cancelled with `swiftslurm cancel`"
+    if slurm_state == "PENDING":
+        return ("requeued" if written == "requeued" else "pending"), why or "waiting for resources"
+    if slurm_state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+        return "running", why
+    if slurm_state in _SLURM_ENDED:
+        # The job is over but the leader never wrote a final state: it was killed (or its node lost).
+        return "failed", f"job {slurm_state.lower()} without a final record from the wrapper; {why}".rstrip("; ")
+    if written in STATES:
+        return written, why
+    if submitted:
+        return "pending", why
+    # No job.json and no word from a wrapper: written by a dry run (or sbatch by hand, not started yet).
+    return "planned", why or "never submitted by swiftslurm (dry run); submit it with the same command without dry_run"

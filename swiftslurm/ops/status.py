@@ -1,0 +1,179 @@
+"""`python -m swiftslurm.ops.status PATH [--json] [--plot]` (also `swiftslurm status PATH`): one row per run,
+and the goodput ledger (where the allocated GPU-hours went; swiftslurm/ops/ledger.py) of the run, or of all runs.
+
+PATH is a run directory, a sweep directory (sweep.jsonl) or a folder of run directories. The facts come
+from each run directory and from one squeue + one sacct call for the jobs of runs that have not ended, and one
+`sacct --duplicates` for accounting that can still change (cached in each run dir: accounting.py); with SLURM
+unreachable the table still comes, from the run directories alone, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.ops import accounting
+from swiftslurm.ops.ledger import CATEGORIES, LABELS, Ledger
+from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, ask_slurm, gather, slurm_job_ids
+from swiftslurm.rundir.records import read_status
+from swiftslurm.rundir.sweepdir import is_sweep, run_dirs
+
+COLUMNS = ("run", "state", "job", "attempts", "step", "loss", "samples/s", "goodput", "storage")
+
+
+def collect(path: Path, use_slurm: bool = True) -> tuple[list[RunFacts], SlurmView | None]:
+    dirs = run_dirs(path)
+    # A run whose leader wrote a final state is shown in that state whatever SLURM says: not asked about.
+    slurm_jobs = slurm_job_ids([d for d in dirs if not _ended(d)]) if use_slurm else []
+    slurm = ask_slurm(slurm_jobs) if slurm_jobs else None
+    jobs, error = accounting.refresh(dirs, accounting.ask_sacct if use_slurm else None)
+    if error:
+        slurm = replace(slurm or SlurmView(available=True), accounting_error=error)
+    return [gather(d, slurm, jobs.get(d)) for d in dirs], slurm
+
+
+def _ended(run_dir: Path) -> bool:
+    return (read_status(run_dir) or {}).get("state") in FINAL_STATES
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def _storage(facts: RunFacts) -> str:
+    sync = facts.storage
+    if not sync:
+        return "-"
+    text = f"{len(sync.get('remote', []))} up, {len(sync.get('pending', []))} pending"
+    return text + (f", {sync['failures']} failed tries" if sync.get("failures") else "")
+
+
+def labels(path: Path, facts: list[RunFacts]) -> list[str]:
+    """What names each row: the run name, or, where several runs share it (a folder of runs started with one
+    name), the run dir relative to ``path`` (its full path outside it), which is what tells them apart."""
+    names = [f.run_name for f in facts]
+    return [f.run_name if names.count(f.run_name) == 1 else _relative(Path(f.run_dir), path) for f in facts]
+
+
+def _relative(run_dir: Path, path: Path) -> str:
+    try:
+        inside = run_dir.resolve().relative_to(path.resolve())
+    except ValueError:  # a sweep's points live outside the sweep dir
+        return str(run_dir)
+    return str(inside) if inside != Path(".") else run_dir.name
+
+
+def row(facts: RunFacts, label: str | None = None) -> list[str]:
+    steps = f"{facts.committed_step or 0}/{facts.max_steps}" if facts.max_steps else str(facts.committed_step or "-")
+    reasons = ", ".join(facts.attempt_reasons)
+    return [
+        label or facts.run_name,
+        facts.state,
+        facts.job_id or "-",
+        f"{facts.attempts}" + (f" ({reasons})" if reasons else ""),
+        steps,
+        _fmt(facts.loss, ".4f"),
+        _fmt(facts.samples_per_s, ".1f"),
+        _fmt(facts.goodput, ".0%"),
+        _storage(facts),
+    ]
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = None) -> str:
+    names = labels(path, facts) if path is not None else [f.run_name for f in facts]
+    rows = [row(f, name) for f, name in zip(facts, names, strict=True)]
+    lines = [table([list(COLUMNS), *rows])] if facts else ["(no runs found)"]
+    for f, name in zip(facts, names, strict=True):
+        if f.state not in ("finished", "running") and f.why:
+            lines.append(f"  {name}: {f.why}")
+    if slurm is not None and not slurm.available:
+        lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
+    if slurm is not None and slurm.accounting_error:
+        lines.append(f"SLURM accounting unavailable ({slurm.accounting_error}): the ledger uses what was cached.")
+    if (total := total_ledger(facts)) is not None:
+        title = facts[0].run_name if len(facts) == 1 else f"all {len(facts)} runs"
+        lines.append(ledger_table(total, title))
+    counts: dict[str, int] = {}
+    for f in facts:
+        counts[f.state] = counts.get(f.state, 0) + 1
+    lines.append(f"{len(facts)} run(s): " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def as_json(path: Path, facts: list[RunFacts], slurm: SlurmView | None) -> dict[str, Any]:
+    return {
+        "path": str(path),
+        "sweep": is_sweep(path),
+        "slurm": {"available": slurm.available, "error": slurm.error} if slurm else None,
+        "runs": [f.as_dict() for f in facts],
+        "ledger": total.as_dict() if (total := total_ledger(facts)) else None,
+    }
+
+
+def total_ledger(facts: list[RunFacts]) -> Ledger | None:
+    """The runs' ledgers together (a sweep's, a folder's); None when no run has held an allocation yet."""
+    ledgers = [f.ledger for f in facts if f.ledger is not None]
+    if not ledgers:
+        return None
+    total = ledgers[0]
+    for more in ledgers[1:]:
+        total = total.plus(more)
+    return total
+
+
+def ledger_table(ledger: Ledger, title: str) -> str:
+    """Where the allocated device-hours went: one line per category, its amount and share, then the waits."""
+    hours = ledger.allocated_s >= 3600
+    unit = f"{ledger.unit}-{'hours' if hours else 'seconds'}"
+
+    def amount(seconds: float) -> str:
+        return f"{seconds / 3600:.2f}" if hours else f"{seconds:.0f}"
+
+    def share(seconds: float) -> str:
+        return f"{seconds / ledger.allocated_s:.1%}" if ledger.allocated_s else "-"
+
+    rows = [["category", unit, "share"]]
+    rows += [[LABELS[c], amount(ledger.spent_s.get(c, 0.0)), share(ledger.spent_s.get(c, 0.0))] for c in CATEGORIES]
+    rows += [["unaccounted (allocated - the above)", amount(ledger.unaccounted_s), share(ledger.unaccounted_s)]]
+    rows += [["allocated", amount(ledger.allocated_s), "100.0%"]]
+    waits = f"queue wait {ledger.queue_wait_s:.0f} s, requeue hold {ledger.requeue_hold_s:.0f} s (wall clock)"
+    return "\n".join(
+        [
+            f"goodput ledger of {title} ({ledger.job_runs} job run(s); allocated from {ledger.allocated_from}):",
+            *("  " + line for line in table(rows).splitlines()),
+            f"  not allocated: {waits}",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swiftslurm status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, help="run dir, sweep dir, or a folder of run dirs")
+    parser.add_argument("--json", action="store_true", help="the same facts as JSON")
+    parser.add_argument("--plot", action="store_true", help="also write loss/throughput PNGs (sweep: final loss)")
+    parser.add_argument("--no-slurm", action="store_true", help="do not ask SLURM: the run directories only")
+    args = parser.parse_args(argv)
+    if not args.path.exists():
+        print(f"swiftslurm status: {args.path} does not exist", file=sys.stderr)
+        return 2
+    facts, slurm = collect(args.path, use_slurm=not args.no_slurm)
+    if args.plot:
+        from swiftslurm.ops.plots import plot_path
+
+        for written in plot_path(args.path, facts):
+            print(f"wrote {written}", file=sys.stderr)
+    print(json.dumps(as_json(args.path, facts, slurm), indent=1) if args.json else render(facts, slurm, args.path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""`python -m swiftslurm.ops.storage_cli list|download|prune`: a run's checkpoints in the object store.
+
+Where they are comes from flags (`--bucket B --prefix P [--endpoint-url U] [--region R]`) or from a run
+directory (`--run-dir DIR`: the `storage` section of its plan.json); flags given win. Credentials come from
+boto3's standard chain, as on the nodes. Only committed checkpoints (with a remote manifest) are listed.
+
+    python -m swiftslurm.ops.storage_cli list --run-dir runs/my-run
+    python -m swiftslurm.ops.storage_cli download latest --output-dir out --bucket b --prefix runs/my-run
+    python -m swiftslurm.ops.storage_cli prune --keep 2 --run-dir runs/my-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.errors import StorageError, SwiftSlurmError
+from swiftslurm.plan import StorageSpec
+from swiftslurm.rundir.layout import plan_file
+from swiftslurm.storage.store import CheckpointStore, MiB, newest_remote_step
+
+
+def _plan_storage(run_dir: Path) -> dict[str, Any]:
+    path = plan_file(run_dir)
+    if not path.is_file():
+        raise StorageError(f"{path} does not exist. HINT: pass the run directory that holds plan.json.")
+    storage = json.loads(path.read_text()).get("storage")
+    if not storage or storage.get("kind") == "none":
+        raise StorageError(
+            f"{path} has no `storage` section (the run was planned without object storage). "
+            "HINT: pass --bucket and --prefix."
+        )
+    return dict(storage)
+
+
+def spec_from_args(args: argparse.Namespace) -> StorageSpec:
+    """The plan's storage section (with --run-dir), overridden by the flags that were given."""
+    base = _plan_storage(Path(args.run_dir)) if args.run_dir else {}
+    flags = {name: getattr(args, name) for name in ("bucket", "prefix", "endpoint_url", "region")}
+    merged = base | {name: value for name, value in flags.items() if value is not None}
+    if "bucket" not in merged or "prefix" not in merged:
+        raise StorageError("say where the checkpoints are: --bucket B --prefix P, or --run-dir DIR.")
+    return StorageSpec.from_dict(merged)
+
+
+def cmd_list(store: CheckpointStore, args: argparse.Namespace) -> int:
+    steps = store.committed_steps()
+    print(f"{store.spec.url}: {len(steps)} committed checkpoint(s)")
+    if steps:
+        print(f"{'step':>10} {'files':>6} {'size':>12}  committed (UTC)")
+    for step in steps:
+        manifest = store.manifest(step) or {"files": []}
+        size = sum(entry["size"] for entry in manifest["files"])
+        when = manifest.get("committed_at")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when)) if isinstance(when, (int, float)) else "?"
+        print(f"{step:>10} {len(manifest['files']):>6} {size / MiB:>8.1f} MiB  {stamp}")
+    return 0
+
+
+def cmd_download(store: CheckpointStore, args: argparse.Namespace) -> int:
+    step = newest_remote_step(store) if args.step == "latest" else int(args.step)
+    if step is None:
+        raise StorageError(f"no committed checkpoint in {store.spec.url}.")
+    print(store.download(step, Path(args.output_dir)))
+    return 0
+
+
+def cmd_prune(store: CheckpointStore, args: argparse.Namespace) -> int:
+    deleted = store.prune(args.keep)
+    print(f"deleted {len(deleted)} checkpoint(s) from {store.spec.url}: {', '.join(map(str, deleted)) or 'none'}")
+    return 0
+
+
+def _step(text: str) -> str:
+    if text != "latest" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step number or `latest`")
+    return text
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: keep at least 1 (the newest is never deleted)")
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--run-dir", help="run directory whose plan.json has a `storage` section")
+    where.add_argument("--bucket")
+    where.add_argument("--prefix", help="the run's remote folder, e.g. runs/<run_name>")
+    where.add_argument("--endpoint-url", help="S3-compatible endpoint; omit for AWS S3")
+    where.add_argument("--region")
+    top = argparse.ArgumentParser(prog="python -m swiftslurm.ops.storage_cli", description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", parents=[where], help="committed checkpoints").set_defaults(run=cmd_list)
+    download = commands.add_parser("download", parents=[where], help="fetch and verify one checkpoint")
+    download.add_argument("step", type=_step, help="step number, or `latest`")
+    download.add_argument("--output-dir", required=True, help="where checkpoint-N is created")
+    download.set_defaults(run=cmd_download)
+    prune = commands.add_parser("prune", parents=[where], help="delete all but the newest K")
+    prune.add_argument("--keep", type=_positive, required=True)
+    prune.set_defaults(run=cmd_prune)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the transfer summaries
+    try:
+        return int(args.run(CheckpointStore(spec_from_args(args)), args))
+    except SwiftSlurmError as err:
+        print(f"swiftslurm: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""Checks run by make_plan before anything is written or submitted.
+
+Each check raises ConfigError with one message that names the value, the conflict and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm import secrets
+from swiftslurm.errors import ConfigError, did_you_mean, one_of
+from swiftslurm.plan import BACKGROUND_PRIORITIES
+from swiftslurm.planning import memory_plan
+from swiftslurm.tiny import DATASETS as TINY_DATASETS
+
+if TYPE_CHECKING:
+    from swiftslurm.plan import BatchPlan, Parallelism, Topology
+    from swiftslurm.planning.config import Config
+
+ENGINES = ("ddp", "deepspeed", "fsdp", "megatron")
+SCHEDULERS = ("local", "slurm")
+LAUNCHERS = ("swift", "megatron")
+COMMANDS = {"swift": ("sft", "pt", "rlhf"), "megatron": ("sft", "pt", "rlhf")}
+VLLM_MODES = ("colocate", "server")
+MAX_PORT = 65535
+S3_MIN_PART_MB = 5  # S3's smallest multipart part (every part but the last)
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
+    valid = tuple(valid)
+    if value not in valid:
+        raise ConfigError(f"{field}={value!r} is not known.{did_you_mean(str(value), valid)} {one_of(valid)}")
+
+
+def check_positive(field: str, value: float) -> None:
+    if value < 1:
+        raise ConfigError(f"{field}={value} must be at least 1. HINT: set {field}=1 or more.")
+
+
+def check_not_negative(field: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{field}={value} is negative. HINT: set {field}=0 or more.")
+
+
+def check_counts(cfg: Config) -> None:
+    """Counts, sizes and durations a typo can make negative or zero, where SLURM, ms-swift or the node side
+    would take the value as given (a negative GPU count, a zero time-out)."""
+    cluster, res = cfg.cluster, cfg.resilience
+    check_not_negative("cluster.gpus_per_node", cluster.gpus_per_node)
+    for name, optional in (("cluster.cpus_per_task", cluster.cpus_per_task), ("cluster.mem_gb", cluster.mem_gb)):
+        if optional is not None:
+            check_positive(name, optional)
+    if cfg.global_batch_size is not None:
+        check_positive("global_batch_size", cfg.global_batch_size)
+    check_not_negative("keep_checkpoints", cfg.keep_checkpoints)
+    check_positive("cluster.nccl.timeout_s", cluster.nccl.timeout_s)
+    check_positive("resilience.max_attempts", res.max_attempts)
+    for name in (
+        "max_timeouts",
+        "max_unknown_stops",
+        "max_consecutive_failures",
+        "backoff_base_s",
+        "backoff_max_s",
+        "exclude_host_s",
+        "max_restarts",
+        "user_error_window_s",
+    ):
+        check_not_negative(f"resilience.{name}", getattr(res, name))
+    for name in ("startup_timeout_s", "hang_timeout_s", "hang_window_factor", "hang_window_floor_s"):
+        if getattr(res, name) <= 0:
+            raise ConfigError(f"resilience.{name}={getattr(res, name)} must be positive. HINT: keep the default.")
+    if res.hang_window_floor_s > res.hang_timeout_s:
+        raise ConfigError(
+            f"resilience.hang_window_floor_s={res.hang_window_floor_s} is above resilience.hang_timeout_s="
+            f"{res.hang_timeout_s}, the window's ceiling. HINT: lower the floor or raise hang_timeout_s."
+        )
+    check_port("task.vllm_server_port", cfg.task.vllm_server_port)
+
+
+def check_port(field: str, port: int) -> None:
+    if not 1 <= port <= MAX_PORT:
+        raise ConfigError(f"{field}={port} is not a TCP port. HINT: choose one between 1024 and {MAX_PORT}.")
+
+
+def check_master_port(base: int, span: int) -> None:
+    """Each job listens on base + job id mod span: every port of that range must exist and be unprivileged."""
+    highest = MAX_PORT - span + 1
+    if not 1024 <= base <= highest:
+        raise ConfigError(
+            f"cluster.master_port_base={base}: jobs use ports {base} to {base + span - 1} (base + job id mod "
+            f"{span}), which must lie in 1024..{MAX_PORT}. HINT: set cluster.master_port_base between 1024 and "
+            f"{highest}."
+        )
+
+
+def check_preflight(timeout_s: float, min_free_gb: float | None) -> None:
+    if timeout_s <= 0:
+        raise ConfigError(f"preflight_timeout_s={timeout_s} must be positive. HINT: set preflight_timeout_s=60.")
+    if min_free_gb is not None and min_free_gb < 0:
+        raise ConfigError(
+            f"preflight_min_free_gb={min_free_gb} is negative. HINT: set it to 0 or more, or null for the estimate."
+        )
+
+
+# #SBATCH options swiftslurm writes itself (render.sbatch_directives), long and short spellings, with the
+# setting that owns each; a second copy from cluster.sbatch would contradict the first.
+MANAGED_SBATCH = {
+    "nodes": "cluster.nodes",
+    "N": "cluster.nodes",
+    "ntasks-per-node": None,
+    "ntasks": None,
+    "n": None,  # one wrapper per node starts the node's ranks
+    "cpus-per-task": "cluster.cpus_per_task",
+    "c": "cluster.cpus_per_task",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus": "cluster.gpus_per_node",
+    "G": "cluster.gpus_per_node",
+    "mem": "cluster.mem_gb",
+    "partition": "cluster.partition",
+    "p": "cluster.partition",
+    "account": "cluster.account",
+    "A": "cluster.account",
+    "qos": "cluster.qos",
+    "q": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "C": "cluster.constraint",
+    "exclude": "cluster.exclude",
+    "x": "cluster.exclude",
+    "time": "cluster.time",
+    "t": "cluster.time",
+    "signal": "cluster.signal_lead_s",
+    "job-name": "run_name",
+    "J": "run_name",
+    "chdir": "run_dir",
+    "D": "run_dir",
+    "output": None,
+    "o": None,
+    "error": None,
+    "e": None,
+    "open-mode": None,  # logs/ in the run dir
+    "requeue": None,
+    "no-requeue": None,  # the node side decides requeues
+    "array": "array_parallelism",
+    "a": "array_parallelism",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_sbatch_extra(sbatch: Mapping[str, Any]) -> None:
+    for key in sbatch:
+        option = str(key).lstrip("-")
+        option = option if len(option) == 1 else option.replace("_", "-")
+        if option not in MANAGED_SBATCH:
+            continue
+        home = MANAGED_SBATCH[option]
+        fix = f"set {home} instead" if home else "remove it; logs go to the run dir and requeues are swiftslurm's"
+        if home == "array_parallelism":
+            fix = "sweep with -m and set array_parallelism=N instead"
+        raise ConfigError(
+            f"cluster.sbatch.{key} duplicates #SBATCH --{option}, which swiftslurm writes itself"
+            f"{f' from {home}' if home else ''}. HINT: {fix}."
+        )
+
+
+def check_env_names(env: Mapping[str, Any]) -> None:
+    for name in env:
+        if not _ENV_NAME.match(str(name)):
+            raise ConfigError(
+                f"cluster.env.{name} is not an environment variable name. HINT: use letters, digits and _, "
+                "not starting with a digit."
+            )
+
+
+def check_choices(cfg: Config) -> None:
+    """Enumerated fields, and combinations of group choices that cannot work."""
+    _choice("strategy.engine", cfg.strategy.engine, ENGINES)
+    _choice("cluster.scheduler", cfg.cluster.scheduler, SCHEDULERS)
+    _choice("task.launcher", cfg.task.launcher, LAUNCHERS)
+    _choice("task.command", cfg.task.command, COMMANDS[cfg.task.launcher])
+    check_positive("cluster.nodes", cfg.cluster.nodes)
+    check_positive("cluster.cpu_procs_per_node", cfg.cluster.cpu_procs_per_node)
+    if cfg.task.vllm_mode is not None:
+        _choice("task.vllm_mode", cfg.task.vllm_mode, VLLM_MODES)
+    _check_launcher_matches_engine(cfg)
+    _check_storage(cfg)
+    _check_no_secrets(cfg)
+    if cfg.array_parallelism < 0:
+        raise ConfigError(
+            f"array_parallelism={cfg.array_parallelism} is negative. HINT: 0 submits a job per sweep point; N submits "
+            "one job array with at most N points running at once."
+        )
+    check_counts(cfg)
+    check_sbatch_extra(cfg.cluster.sbatch)
+    check_env_names(cfg.cluster.env)
+    if cfg.dataset == []:
+        raise ConfigError("dataset=[] names no data. HINT: dataset=[tiny], a hub id or dataset=[/abs/train.jsonl].")
+    _check_needs_gpus(cfg)
+    _check_vllm(cfg)
+    if cfg.cluster.scheduler == "local" and cfg.cluster.nodes != 1:
+        raise ConfigError(
+            f"cluster.nodes={cfg.cluster.nodes} with cluster.scheduler=local: the local executor runs on this "
+            "machine only. HINT: use a SLURM cluster (+cluster=local-slurm) or set cluster.nodes=1."
+        )
+
+
+def _check_launcher_matches_engine(cfg: Config) -> None:
+    megatron_task = cfg.task.launcher == "megatron"
+    megatron_strategy = cfg.strategy.engine == "megatron"
+    if megatron_task and not megatron_strategy:
+        raise ConfigError(
+            f"task={cfg.task.name} runs `megatron {cfg.task.command}`, which needs strategy=megatron "
+            f"(got strategy={cfg.strategy.name}). HINT: add strategy=megatron, or use task={cfg.task.command}."
+        )
+    if megatron_strategy and not megatron_task:
+        raise ConfigError(
+            f"strategy=megatron needs a Megatron task (got task={cfg.task.name}, which runs `swift`). "
+            f"HINT: use task=megatron_{cfg.task.command} or another strategy (zero3, fsdp2, ...)."
+        )
+    if cfg.strategy.deepspeed and cfg.strategy.fsdp:
+        raise ConfigError(
+            f"strategy sets both deepspeed={cfg.strategy.deepspeed} and fsdp={cfg.strategy.fsdp}; "
+            "they cannot be combined. HINT: set strategy.fsdp=null or strategy.deepspeed=null."
+        )
+
+
+def _check_storage(cfg: Config) -> None:
+    storage = cfg.storage
+    _choice("storage.kind", storage.kind, ("none", "s3"))
+    _choice("storage.addressing_style", storage.addressing_style, ("auto", "path", "virtual"))
+    _choice("storage.background_priority", storage.background_priority, BACKGROUND_PRIORITIES)
+    if storage.kind == "s3" and not storage.bucket:
+        raise ConfigError(
+            "storage=s3 needs a bucket. HINT: add storage.bucket=NAME (and storage.endpoint_url=URL for "
+            "MinIO, Ceph, SeaweedFS or OSS); credentials come from the usual AWS variables or profile."
+        )
+    if storage.part_size_mb < S3_MIN_PART_MB:
+        raise ConfigError(
+            f"storage.part_size_mb={storage.part_size_mb}: S3 multipart parts are at least {S3_MIN_PART_MB} MiB. "
+            "HINT: set storage.part_size_mb=16 (8-16 survive flaky links)."
+        )
+    check_not_negative("storage.wait_at_exit_s", storage.wait_at_exit_s)
+    if storage.bucket and not _BUCKET.match(storage.bucket):
+        raise ConfigError(
+            f"storage.bucket={storage.bucket!r} is not a bucket name. HINT: give the name only (storage.bucket=NAME),"
+            " the key prefix in storage.prefix=PATH and the server in storage.endpoint_url=URL."
+        )
+    if storage.endpoint_url and not storage.endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"storage.endpoint_url={storage.endpoint_url!r} has no scheme. HINT: write it as a URL, e.g. "
+            f"storage.endpoint_url=http://{storage.endpoint_url}."
+        )
+    check_positive("storage.max_attempts", storage.max_attempts)
+    check_positive("storage.max_concurrency", storage.max_concurrency)
+    if storage.keep < 0:
+        raise ConfigError(
+            f"storage.keep={storage.keep} is negative. HINT: keep the newest K remote checkpoints, 0 all."
+        )
+
+
+def _check_no_secrets(cfg: Config) -> None:
+    """Every field of the composed config (cluster.env, swift.*, storage.endpoint_url, cluster.setup, ...) is
+    written to plan.json, config.yaml or job.sbatch: none may hold a credential."""
+    from dataclasses import asdict
+
+    if (why := secrets.find_secret(asdict(cfg))) is not None:
+        raise ConfigError(why)
+
+
+def _check_needs_gpus(cfg: Config) -> None:
+    if cfg.cluster.gpus_per_node > 0:
+        return
+    needs = []
+    if cfg.strategy.quant_bits:
+        needs.append(f"QLoRA (strategy.quant_bits={cfg.strategy.quant_bits}, bitsandbytes)")
+    if cfg.strategy.engine == "megatron":
+        needs.append("Megatron")
+    if cfg.task.vllm_mode:
+        needs.append("vLLM rollouts")
+    if needs:
+        raise ConfigError(
+            f"{' and '.join(needs)} need GPUs, but cluster {cfg.cluster.name} has gpus_per_node=0. "
+            "HINT: pick a GPU cluster (+cluster=a100x8, ...) or a CPU strategy (strategy=ddp or zero2)."
+        )
+
+
+def _check_vllm(cfg: Config) -> None:
+    if cfg.task.vllm_mode == "server" and not cfg.task.vllm_server_host:
+        raise ConfigError(
+            "task.vllm_mode=server needs the rollout server's address. HINT: start `swift rollout` on a "
+            "node and set task.vllm_server_host=HOST (task.vllm_server_port=PORT), or use vllm_mode=colocate."
+        )
+    if cfg.task.vllm_mode and cfg.task.rlhf_type != "grpo":
+        raise ConfigError(
+            f"task.vllm_mode is for GRPO rollouts, but task.rlhf_type={cfg.task.rlhf_type}. "
+            "HINT: use task=grpo, or set task.vllm_mode=null."
+        )
+
+
+def check_parallelism(cfg: Config, world_size: int, par: Parallelism) -> None:
+    """Megatron degrees must tile the world: tp·pp·cp | world and tp·ep | world / pp."""
+    for name, degree in (("tp", par.tp), ("pp", par.pp), ("cp", par.cp), ("ep", par.ep)):
+        check_positive(f"strategy.{name}", degree)
+        if degree > 1 and cfg.strategy.engine != "megatron":
+            raise ConfigError(
+                f"strategy.{name}={degree} needs Megatron, but strategy={cfg.strategy.name} is "
+                f"{cfg.strategy.engine}. HINT: use strategy=megatron task=megatron_{cfg.task.command}, "
+                f"or set strategy.{name}=1."
+            )
+    gpus = f"{cfg.cluster.nodes} node(s) × {world_size // cfg.cluster.nodes} = {world_size}"
+    if world_size % par.model_parallel:
+        raise ConfigError(
+            f"tp × pp × cp = {par.tp} × {par.pp} × {par.cp} = {par.model_parallel} does not divide the world "
+            f"size ({gpus} GPUs). HINT: choose degrees whose product divides {world_size}, or change the cluster."
+        )
+    if (world_size // par.pp) % (par.tp * par.ep):
+        raise ConfigError(
+            f"Expert parallelism ep={par.ep} with tp={par.tp} needs tp × ep = {par.tp * par.ep} to divide "
+            f"world size / pp = {world_size // par.pp}. HINT: lower strategy.ep or strategy.tp."
+        )
+    if par.ep > 1 and not cfg.model.moe:
+        raise ConfigError(
+            f"strategy.ep={par.ep} but model={cfg.model.name} is not a mixture-of-experts model. "
+            "HINT: set strategy.ep=1, or pick a MoE model (model=qwen3-30b-a3b)."
+        )
+    if par.sequence_parallel and par.tp == 1:
+        raise ConfigError(
+            "strategy.sequence_parallel=true shards activations over the tensor-parallel group, but tp=1. "
+            "HINT: set strategy.tp=2 or more, or strategy.sequence_parallel=false."
+        )
+
+
+def check_run_name(name: str) -> None:
+    if not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"run_name={name!r} must be a single path component. HINT: use letters, digits, -_.")
+
+
+def _is_hub_id(value: str) -> bool:
+    """'Qwen/Qwen3-8B' or 'AI-ModelScope/alpaca#500' (org/name), as opposed to a path on disk."""
+    if value.startswith((".", "~")) or value.count("/") != 1:
+        return False
+    return not value.split("#")[0].endswith((".json", ".jsonl", ".csv", ".txt", ".parquet"))
+
+
+# What the refusal of a real model without data suggests: a hub dataset id, as the recipes name them (conf/recipe/).
+EXAMPLE_DATASET = "AI-ModelScope/alpaca-gpt4-data-en"
+
+
+def datasets_of(cfg: Config) -> list[str]:
+    """The data the run trains on. The built-in tiny data is the default of the tiny model alone: a real model
+    left on it would train on a toy file in the login node's home directory without a word."""
+    if cfg.dataset is not None:
+        return list(cfg.dataset)
+    if cfg.model.id == "tiny":
+        return ["tiny"]
+    raise ConfigError(
+        f"model={cfg.model.name} has no data: dataset= is not set (the built-in `tiny` data is only the tiny "
+        f"model's default). HINT: name it, e.g. dataset=[{EXAMPLE_DATASET}] (a hub id, `id#N` quoted: "
+        "'dataset=[\"id#1000\"]') or dataset=[/abs/path/train.jsonl]."
+    )
+
+
+def check_paths(cfg: Config, topology: Topology, cwd: Path) -> None:
+    """Local paths must be absolute: ms-swift starts in the run directory, and other nodes in theirs. An absolute
+    path on a filesystem the login node sees (its top directory exists here) must exist; one on a filesystem
+    only the nodes mount is left to preflight."""
+    candidates = [("model.id", cfg.model.id)] + [("dataset", d) for d in cfg.dataset or ()]
+    if cfg.cluster.python:
+        candidates.append(("cluster.python", cfg.cluster.python))
+    for field, value in candidates:
+        if value == "tiny" or (field == "dataset" and value in TINY_DATASETS):
+            continue
+        path = value.split("#")[0] if field == "dataset" else value
+        if path.startswith("/"):
+            _check_exists(field, value, Path(path))
+        elif field == "cluster.python" and "/" not in path:
+            continue  # a command found on the nodes' PATH
+        elif not _is_hub_id(value) or (cwd / path).exists():
+            raise ConfigError(_relative_path_message(field, value, path, topology.nodes, cwd))
+
+
+def _check_exists(field: str, value: str, path: Path) -> None:
+    top = Path(*path.parts[:2])
+    if top != path and top.exists() and not path.exists():
+        raise ConfigError(
+            f"{field}={value!r} does not exist ({top} is visible here, so the nodes would not find it either). "
+            f"HINT: fix the path, or create {path.name} first."
+        )
+
+
+def _relative_path_message(field: str, value: str, path: str, nodes: int, cwd: Path) -> str:
+    where = "ms-swift runs in the run directory" if nodes == 1 else "nodes may not share this working directory"
+    absolute = (cwd / path).resolve()
+    example = f"{absolute}" if absolute.exists() else "/shared/path/to/it"
+    shown = f"[{example}]" if field == "dataset" else example
+    return (
+        f"{field}={value!r} is a relative path on a {nodes}-node run; {where}, not {cwd}. "
+        f"HINT: give an absolute path: {field}={shown}."
+    )
+
+
+def check_not_managed(user_args: Mapping[str, Any], managed: Iterable[str]) -> None:
+    for name in managed:
+        if name in user_args:
+            raise ConfigError(
+                f"swift.{name} is managed by swiftslurm (the run directory and resume depend on it). "
+                "HINT: set run_dir=PATH instead; a re-run with the same run_dir resumes automatically."
+            )
+
+
+# ms-swift arguments that restate planned facts; each has one home in the config.
+PLANNED_SWIFT_ARGS = {
+    "per_device_train_batch_size": "micro_batch_size",
+    "micro_batch_size": "micro_batch_size",
+    "gradient_accumulation_steps": "global_batch_size",
+    "global_batch_size": "global_batch_size",
+    "tensor_model_parallel_size": "strategy.tp",
+    "pipeline_model_parallel_size": "strategy.pp",
+    "context_parallel_size": "strategy.cp",
+    "expert_model_parallel_size": "strategy.ep",
+    "sequence_parallel": "strategy.sequence_parallel",
+    "deepspeed": "strategy.deepspeed",
+    "fsdp": "strategy.fsdp",
+    "tuner_type": "strategy.tuner_type",
+    "quant_bits": "strategy.quant_bits",
+    "rlhf_type": "task.rlhf_type",
+    "vllm_mode": "task.vllm_mode",
+    "seed": "seed",
+    "dataset": "dataset",
+    "model": "model.id",
+    "ddp_timeout": "cluster.nccl.timeout_s",
+    # Transformers deletes old checkpoints before the new one is committed; swiftslurm prunes after.
+    "save_total_limit": "keep_checkpoints",
+}
+
+
+def check_not_planned(swift: Mapping[str, Any]) -> None:
+    """Batch sizes, parallel degrees and the like are planned once; a `swift.*` copy would contradict them."""
+    for name, home in PLANNED_SWIFT_ARGS.items():
+        if name in swift:
+            raise ConfigError(
+                f"swift.{name} is planned by swiftslurm from `{home}` (so batch arithmetic and parallel degrees "
+                f"are checked once, in one place). HINT: set {home}=... instead."
+            )
+
+
+def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
+    """Every argument must exist in the installed ms-swift, and every value the configuration gives must be one
+    ms-swift's parser reads (its type and choices): a typo must not cost a queue wait."""
+    from swiftslurm.planning import swift_args
+
+    command = f"{cfg.task.launcher} {cfg.task.command}"
+    valid = swift_args.valid_args(command)
+    for name in args:
+        if name not in valid:
+            hint = swift_args.suggest(name, command)
+            fix = f" Did you mean `swift.{hint}`?" if hint else f" HINT: see `{command} --help`."
+            raise ConfigError(f"swift.{name} is not an argument of `{command}` in the installed ms-swift.{fix}")
+    given = {
+        k
+        for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift)
+        for k in extra
+    }
+    for name in sorted(given & set(args)):
+        if (why := swift_args.value_error(name, args[name], command)) is not None:
+            raise ConfigError(why)
+
+
+NO_TIME_LIMIT = 0  # parse_slurm_time of UNLIMITED or INFINITE, SLURM's spellings of "no limit"
+
+
+def parse_slurm_time(text: str) -> int:
+    """SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> whole minutes, rounded up;
+    UNLIMITED or INFINITE (any case) -> NO_TIME_LIMIT."""
+    if str(text).strip().upper() in ("UNLIMITED", "INFINITE"):
+        return NO_TIME_LIMIT
+    match = _SLURM_TIME.match(str(text).strip())
+    if not match:
+        raise ConfigError(
+            f"cluster.time={text!r} is not a SLURM time limit. HINT: use MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED, "
+            "e.g. cluster.time=4:00:00 or cluster.time=1-12:00:00."
+        )
+    days, a, b, c = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = int(a) * 3600 + int(b) * 60 + int(c)
+    else:  # MM[:SS]
+        seconds = int(a) * 60 + int(b or 0)
+    if seconds <= 0:
+        raise ConfigError(f"cluster.time={text!r} is zero. HINT: give a positive limit, e.g. 4:00:00.")
+    return -(-seconds // 60)
+
+
+def check_signal_lead(lead_s: int, time_min: int) -> None:
+    if lead_s < 1 or (time_min != NO_TIME_LIMIT and lead_s >= time_min * 60):
+        raise ConfigError(
+            f"cluster.signal_lead_s={lead_s} must be between 1 and the time limit ({time_min * 60} s). "
+            "HINT: the default 120 leaves room to save; lower it for very short test limits."
+        )
+
+
+def check_slurm_required(cfg: Config) -> None:
+    if not cfg.cluster.partition:
+        raise ConfigError(
+            f"cluster {cfg.cluster.name} has no partition. HINT: set cluster.partition=NAME (`sinfo -s` lists them)."
+        )
+
+
+def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: BatchPlan, args: Mapping[str, Any]) -> None:
+    """`resilience.min_nodes` (opt-in resume on fewer nodes): a count between 1 and `cluster.nodes`, a global
+    batch every allowed node count divides into whole gradient-accumulation steps, a strategy whose
+    checkpoints load at a smaller world size (the engine adapter says), and a shape that fits memory."""
+    least = cfg.resilience.min_nodes
+    if least is None or least == topology.nodes:
+        return
+    check_positive("resilience.min_nodes", least)
+    if least > topology.nodes:
+        raise ConfigError(
+            f"resilience.min_nodes={least} is above cluster.nodes={topology.nodes}: a run never grows past the "
+            f"planned nodes. HINT: set resilience.min_nodes to at most {topology.nodes}, or leave it out."
+        )
+    from swiftslurm.engines.registry import engine_for  # the adapters import the node side
+
+    if (why := engine_for(cfg.task.launcher).reshard_refusal(args)) is not None:
+        raise ConfigError(why)
+    data_parallel = {n: n * topology.procs_per_node // par.model_parallel for n in range(least, topology.nodes + 1)}
+    _check_batch_divides(least, batch, data_parallel)
+    if (why := shrunk_shape_refusal(cfg, least)) is not None:  # the fewest nodes hold the most per GPU
+        raise ConfigError(why)
+
+
+def _check_batch_divides(least: int, batch: BatchPlan, data_parallel: Mapping[int, int]) -> None:
+    """Every allowed node count (-> its data-parallel size) keeps the global batch with whole accumulation."""
+    for nodes, size in data_parallel.items():
+        if batch.global_ % (batch.micro * size) == 0:
+            continue
+        dividing = math.lcm(*(batch.micro * d for d in data_parallel.values()))
+        raise ConfigError(
+            f"resilience.min_nodes={least}: on {nodes} node(s) the global batch of {batch.global_} is not a "
+            f"multiple of micro_batch_size × data-parallel size = {batch.micro} × {size}, so the run could not "
+            f"keep its global batch there. HINT: set global_batch_size to a multiple of {dividing}, or raise "
+            "resilience.min_nodes."
+        )
+
+
+def shrunk_shape_refusal(cfg: Config, nodes: int) -> str | None:
+    """Why the plan would not fit in GPU memory on ``nodes`` nodes (fewer than planned: ZeRO and FSDP shard
+    over fewer ranks, so each holds more; the micro batch stays), or None; the memory planner's estimate.
+    CPU clusters and models without a known shape are not checked."""
+    return memory_plan.shrunk_refusal(cfg, nodes)

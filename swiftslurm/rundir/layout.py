@@ -1,0 +1,172 @@
+"""The one owner of every file name in a run directory; the login side and the node side both read it.
+
+    RUN_DIR/
+      plan.json          the resolved plan: the contract between the login side and the nodes
+      plan.sha256        plan.json's SHA-256, recorded when the run dir is prepared; checked on the node first
+      config.yaml        the composed Hydra config, for people
+      job.sbatch         `sbatch RUN_DIR/job.sbatch` submits the run by hand
+      job.json           the latest submission (job id, scheduler)
+      status.json        the leader's view of the run (state, the phase of its attempt), replaced atomically
+      attempts.jsonl     one record per attempt, append-only
+      attempt_open.json  the attempt in progress, removed once it is recorded; left behind if it died
+                         without a record (the next attempt records it as lost)
+      lease.json         the leader's lease: which job leads the run, its fencing token, heartbeat
+      lease.lock         locked while lease.json is read and replaced
+      cancelled.json     `swiftslurm cancel` was here
+      sync.json          object storage: what is uploaded, what failed
+      uploads.jsonl      a line per upload, by storage/uploader.py (when, how long, how much)
+      logs/slurm-%j.out  SLURM's output of the batch script
+      logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json,
+                         leader.json (node 0's heartbeat until resume.json is written), hang.json (the
+                         watchdog found the run hung: when, at which step, the window), stacks/rank<R>.txt
+                         (rank R's Python stacks, all threads, dumped before a hung trainer is killed),
+                         trainer.jsonl (global rank 0's timeline: loop begun, saves, commits, loop ended;
+                         node/timeline.py), outcome.json (node 0's word: restart in place, or end)
+      accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
+      preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
+      output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
+                         .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
+                         checkpoint-<step>-universal/ (a ZeRO checkpoint's form for another number of
+                         ranks, derived, never uploaded; .checkpoint-<step>-universal.building-*/ while
+                         node 0 builds it; named by ckpt/checkpoint.py, engines/zero_reshard.py)
+                         (a checkpoint's manifest is named by ckpt/checkpoint.py, with the commit format)
+      submitit/          submitit's own files
+
+The run dir itself is RUN_DIR_MODE (owner and group only), whatever the umask; it holds no secrets.
+
+Only names and paths here (no I/O, no imports beyond pathlib): the node side imports it, and must stay light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RUN_DIR_MODE = 0o750
+PLAN = "plan.json"
+PLAN_DIGEST = "plan.sha256"
+CONFIG = "config.yaml"
+SBATCH = "job.sbatch"
+JOB = "job.json"
+STATUS = "status.json"
+ATTEMPTS = "attempts.jsonl"
+OPEN_ATTEMPT = "attempt_open.json"
+CANCELLED = "cancelled.json"
+SYNC_STATE = "sync.json"
+UPLOAD_HISTORY = "uploads.jsonl"
+LOGS = "logs"
+SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
+RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
+OUTCOME = "outcome.json"  # in logs/<attempt>/: node 0's word on what follows the attempt (restart or end)
+TRAINER_TIMELINE = "trainer.jsonl"  # in logs/<attempt>/: global rank 0's events (node/timeline.py)
+ACCOUNTING = "accounting.json"  # `status`'s cache of sacct's rows for the run's jobs
+LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
+LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (node/lease.py)
+LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
+HANG = "hang.json"  # in logs/<attempt>/: node 0 found the run hung; every node dumps its ranks' stacks
+STACKS = "stacks"  # in logs/<attempt>/: one file per rank, written by the rank itself (faulthandler)
+STACK_FILE = "rank{rank}.txt"  # in logs/<attempt>/stacks/
+PREFLIGHT = "preflight"
+PREFLIGHT_REPORT = "report.json"
+OUTPUT = "output"
+QUARANTINE = "quarantine"  # in output/: checkpoints set aside (uncommitted, or newer than the resume point)
+DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
+METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
+SUBMITIT = "submitit"
+NODE_LOG = "node{node}.log"  # in logs/<attempt>/
+NODE_RESULT = "node{node}.json"  # in logs/<attempt>/
+PREFLIGHT_RANK_REPORT = "rank{node}.json"  # in preflight/<attempt>/
+PREFLIGHT_TOKEN = "rank{node}.token"  # in preflight/<attempt>/
+
+
+def plan_file(run_dir: Path) -> Path:
+    return run_dir / PLAN
+
+
+def plan_digest_file(run_dir: Path) -> Path:
+    return run_dir / PLAN_DIGEST
+
+
+def output_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / OUTPUT
+
+
+def logs_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / LOGS
+
+
+def attempt_dir(run_dir: Path, attempt: str) -> Path:
+    return logs_dir(run_dir) / attempt
+
+
+def node_log(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / NODE_LOG.format(node=node)
+
+
+def node_logs(attempt_dir: Path) -> list[Path]:
+    return sorted(attempt_dir.glob(NODE_LOG.format(node="*")))
+
+
+def leader_logs(run_dir: Path | str) -> list[Path]:
+    """Node 0's log of every attempt, in no particular order."""
+    return list(logs_dir(run_dir).glob("*/" + NODE_LOG.format(node=0)))
+
+
+def trainer_timeline(attempt_dir: Path) -> Path:
+    return attempt_dir / TRAINER_TIMELINE
+
+
+def node_result(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / NODE_RESULT.format(node=node)
+
+
+def hang_file(attempt_dir: Path) -> Path:
+    return attempt_dir / HANG
+
+
+def stacks_dir(attempt_dir: Path) -> Path:
+    return attempt_dir / STACKS
+
+
+def stack_file(stacks_dir: Path, rank: int) -> Path:
+    return stacks_dir / STACK_FILE.format(rank=rank)
+
+
+def lease_file(run_dir: Path) -> Path:
+    return run_dir / LEASE
+
+
+def lease_lock(run_dir: Path) -> Path:
+    return run_dir / LEASE_LOCK
+
+
+def resume_file(run_dir: Path, attempt: str) -> Path:
+    return attempt_dir(run_dir, attempt) / RESUME
+
+
+def outcome_file(run_dir: Path, attempt: str) -> Path:
+    return attempt_dir(run_dir, attempt) / OUTCOME
+
+
+def preflight_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / PREFLIGHT
+
+
+def preflight_attempt_dir(run_dir: Path | str, attempt: str) -> Path:
+    return preflight_dir(run_dir) / attempt
+
+
+def preflight_report(run_dir: Path | str, attempt: str) -> Path:
+    return preflight_attempt_dir(run_dir, attempt) / PREFLIGHT_REPORT
+
+
+def preflight_rank_report(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / PREFLIGHT_RANK_REPORT.format(node=node)
+
+
+def preflight_token(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / PREFLIGHT_TOKEN.format(node=node)
+
+
+def slurm_log(folder: Path, job_id: str) -> Path:
+    """SLURM_LOG once SLURM has filled in the job id."""
+    return folder / SLURM_LOG.replace("%j", job_id)

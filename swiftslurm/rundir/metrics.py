@@ -1,0 +1,74 @@
+"""What ms-swift logged about training in a run directory: the latest loss and step times, for `status` and plots."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swiftslurm.rundir.layout import METRICS, leader_logs, output_dir
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """From ms-swift's logging.jsonl: the latest loss and how fast the latest steps went."""
+
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    seconds_per_step: float | None = None
+    losses: tuple[tuple[int, float], ...] = ()  # (step, loss) over every attempt, for the plots
+    speeds: tuple[tuple[int, float], ...] = ()  # (step, seconds per step)
+
+
+_LOG_RECORD = re.compile(r"\{'loss': [^{}]*\}")  # ms-swift's progress line in a node log (a dict's repr)
+
+
+def _metric_records(run_dir: Path) -> list[dict[str, Any]]:
+    """ms-swift's per-step records: output/logging.jsonl, or, while it has none yet (it can lag behind),
+    the progress lines of node 0's logs, oldest attempt first."""
+    records = []
+    path = output_dir(run_dir) / METRICS
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    if any("loss" in r for r in records if isinstance(r, dict)):
+        return records
+    logs = sorted(leader_logs(run_dir), key=lambda p: p.stat().st_mtime)
+    for log in logs:
+        for match in _LOG_RECORD.finditer(log.read_text(errors="replace")):
+            try:
+                records.append(ast.literal_eval(match.group(0)))
+            except (ValueError, SyntaxError):
+                continue
+    return records
+
+
+def read_metrics(run_dir: Path) -> Metrics:
+    losses: dict[int, float] = {}
+    speeds: dict[int, float] = {}
+    step = max_steps = None
+    for record in _metric_records(run_dir):
+        try:
+            done, total = (int(x) for x in str(record["global_step/max_steps"]).split("/"))
+        except (KeyError, TypeError, ValueError):
+            continue  # the summary lines
+        step, max_steps = done, total
+        if "loss" in record:
+            losses[done] = float(record["loss"])  # a resumed attempt logs its steps again: the latest wins
+        if "train_speed(s/it)" in record and "train_runtime" not in record:
+            speeds[done] = float(record["train_speed(s/it)"])
+    ordered = sorted(losses.items())
+    return Metrics(
+        step=step,
+        max_steps=max_steps,
+        loss=ordered[-1][1] if ordered else None,
+        seconds_per_step=speeds[max(speeds)] if speeds else None,
+        losses=tuple(ordered),
+        speeds=tuple(sorted(speeds.items())),
+    )

@@ -1,0 +1,155 @@
+"""Where am I? The SLURM environment as a frozen value, and the variables ms-swift reads derived from it.
+
+``SlurmEnv.from_environ`` reads a Mapping and never writes ``os.environ``; ``rank_env`` is a pure
+function of (SlurmEnv, plan). Outside SLURM (submitit's local executor, or a plain shell) the node is
+node 0 of 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from swiftslurm.engines.registry import engine_for
+from swiftslurm.errors import NodeError
+from swiftslurm.plan import PORT_SPAN, BatchPlan, JobPlan
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """'gpu-a[001-003,010],gpu-b7' -> ['gpu-a001', 'gpu-a002', 'gpu-a003', 'gpu-a010', 'gpu-b7']."""
+    import hostlist  # python-hostlist: SLURM's own syntax, including nested ranges and padding
+
+    try:
+        return list(hostlist.expand_hostlist(text))
+    except hostlist.BadHostlist as err:
+        raise NodeError(f"SLURM_JOB_NODELIST={text!r} is not a host list ({err}).") from err
+
+
+@dataclass(frozen=True)
+class SlurmEnv:
+    """The parts of the SLURM task environment swiftslurm uses."""
+
+    job_id: str | None
+    hosts: tuple[str, ...]
+    node_id: int
+    num_nodes: int
+    proc_id: int
+    num_tasks: int
+    restart_count: int = 0
+
+    @property
+    def in_slurm(self) -> bool:
+        return bool(self.hosts)
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> SlurmEnv:
+        if "SLURM_JOB_ID" not in env or "SLURM_PROCID" not in env:
+            return cls.local(env)
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+        hosts = tuple(expand_hostlist(nodelist))
+        return cls(
+            job_id=env["SLURM_JOB_ID"],
+            hosts=hosts,
+            node_id=int(env.get("SLURM_NODEID", "0")),
+            num_nodes=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or len(hosts)),
+            proc_id=int(env["SLURM_PROCID"]),
+            num_tasks=int(env.get("SLURM_NTASKS", "1")),
+            restart_count=int(env.get("SLURM_RESTART_COUNT", "0")),
+        )
+
+    @classmethod
+    def local(cls, env: Mapping[str, str]) -> SlurmEnv:
+        """Not under srun: a single node. submitit's local executor names the job by its PID."""
+        return cls(job_id=env.get("SUBMITIT_LOCAL_JOB_ID"), hosts=(), node_id=0, num_nodes=1, proc_id=0, num_tasks=1)
+
+
+def configured_exclusions(plan: JobPlan) -> list[str]:
+    """The hosts the cluster config excludes (`cluster.exclude`), expanded."""
+    return expand_hostlist(plan.slurm.exclude) if plan.slurm and plan.slurm.exclude else []
+
+
+def master_port(job_id: str | None, base: int) -> int:
+    """Derived from the job id so two jobs sharing a node (or a requeue) do not collide or drift."""
+    number = int("".join(c for c in (job_id or "0") if c.isdigit()) or 0)
+    return base + number % PORT_SPAN
+
+
+def may_shrink(plan: JobPlan) -> bool:
+    """Whether the run may resume on fewer nodes than planned (`resilience.min_nodes`, opt-in)."""
+    least = plan.resilience.min_nodes
+    return least is not None and least < plan.topology.nodes
+
+
+def least_nodes(plan: JobPlan) -> int:
+    """The fewest nodes an attempt may run on: `resilience.min_nodes` when the run may shrink, else the plan's."""
+    least = plan.resilience.min_nodes
+    return least if least is not None and may_shrink(plan) else plan.topology.nodes
+
+
+def attempt_nodes(where: SlurmEnv, plan: JobPlan) -> int:
+    """The nodes this attempt trains on: SLURM's allocation when the run may shrink, else the planned count
+    (which `check_allocation` makes the allocation's)."""
+    return where.num_nodes if may_shrink(plan) and where.in_slurm else plan.topology.nodes
+
+
+def attempt_ranks(where: SlurmEnv, plan: JobPlan) -> int:
+    """The training ranks of this attempt (over its allocation's nodes)."""
+    return attempt_nodes(where, plan) * plan.topology.procs_per_node
+
+
+def reshard_ranks(where: SlurmEnv, plan: JobPlan) -> int | None:
+    """This attempt's ranks when its resume point may have been written by another number of them (the run
+    may shrink, and grow back), for the engine's prepare_reshard/resume_args_at; None when every attempt has
+    the planned ranks, so checkpoints load as they are (the default)."""
+    return attempt_ranks(where, plan) if may_shrink(plan) else None
+
+
+def attempt_batch(where: SlurmEnv, plan: JobPlan) -> BatchPlan:
+    """The batch of this attempt: the planned global batch over this allocation's data-parallel ranks, with
+    the gradient accumulation that keeps it (the plan refused global batches this does not divide)."""
+    return plan.batch_on(attempt_nodes(where, plan))
+
+
+def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
+    """The allocation must be the one planned: one task per node, the planned node count (or, when the run
+    may shrink, between `resilience.min_nodes` and it)."""
+    if may_shrink(plan):
+        _check_shrunk_allocation(where, plan)
+    elif where.num_nodes != plan.topology.nodes:
+        raise NodeError(
+            f"The job has {where.num_nodes} node(s) but plan.json was made for {plan.topology.nodes}. "
+            f"HINT: submit with --nodes={plan.topology.nodes}, or re-plan with cluster.nodes={where.num_nodes}."
+        )
+    if where.num_tasks != where.num_nodes:
+        raise NodeError(
+            f"The job runs {where.num_tasks} task(s) on {where.num_nodes} node(s); swiftslurm needs exactly one "
+            "per node (it starts each node's ranks itself). HINT: srun/sbatch with --ntasks-per-node=1."
+        )
+
+
+def _check_shrunk_allocation(where: SlurmEnv, plan: JobPlan) -> None:
+    least, planned = least_nodes(plan), plan.topology.nodes
+    if least <= where.num_nodes <= planned:
+        return
+    raise NodeError(
+        f"The job has {where.num_nodes} node(s) but plan.json allows {least} to {planned} "
+        f"(resilience.min_nodes={least}, cluster.nodes={planned}). HINT: `scontrol update JobId={where.job_id} "
+        f"NumNodes={planned}` while it is pending, or re-plan with cluster.nodes={where.num_nodes}."
+    )
+
+
+def rank_env(where: SlurmEnv, plan: JobPlan) -> dict[str, str]:
+    """The variables `swift`/`megatron` read to start torchrun on this node (none for one process)."""
+    topo, nodes = plan.topology, attempt_nodes(where, plan)
+    one_process = nodes == 1 and topo.procs_per_node == 1
+    if one_process and not engine_for(plan.launcher).needs_torchrun_for_one_process(plan.swift_argv):
+        return {}  # a single process: ms-swift runs without torchrun
+    env = {"NPROC_PER_NODE": str(topo.procs_per_node)}
+    if nodes > 1 or where.in_slurm:
+        env |= {
+            "NNODES": str(nodes),
+            "NODE_RANK": str(where.node_id),
+            "MASTER_ADDR": where.hosts[0] if where.hosts else "127.0.0.1",
+        }
+    env["MASTER_PORT"] = str(master_port(where.job_id, plan.master_port_base))
+    return env

@@ -1,0 +1,212 @@
+"""Writing the run directory, and submitting it through submitit (SLURM, or this machine).
+
+This module and ``slurm_cli`` are the only places that touch the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swiftslurm import slurm as slurm_cli
+from swiftslurm.errors import ConfigError, SubmitError
+from swiftslurm.plan import JobPlan, plan_digest
+from swiftslurm.planning.validate import NO_TIME_LIMIT
+from swiftslurm.render import render_sbatch, task_count_lines
+from swiftslurm.rundir import layout as rundir
+
+if TYPE_CHECKING:
+    import submitit
+
+
+def write_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Write via a temp file in the same directory and rename: readers see the old or the new file. Not
+    ``durable``: no fsync; the caller syncs once for many files (a sweep's run dirs) before submitting."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def check_same_run(plan: JobPlan, existing: Path) -> None:
+    """A run dir continues its own run only: refuse one planned with different training settings."""
+    try:
+        old = JobPlan.load(existing)
+    except (OSError, ValueError, TypeError) as err:  # half-written, edited by hand, or not a file
+        raise ConfigError(
+            f"run_dir {plan.run_dir} holds a {existing.name} that cannot be read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:80]}). HINT: pass a new run_dir=PATH, or move the old directory away."
+        ) from err
+    old_facts, new_facts = old.identity_facts(), plan.identity_facts()
+    changed = [name for name in new_facts if old_facts.get(name) != new_facts[name]]
+    if changed:
+        raise ConfigError(
+            f"run_dir {plan.run_dir} holds a run planned with different {', '.join(changed)}; re-using it "
+            "would resume that run with other settings. HINT: pass a new run_dir=PATH (or run_name=NAME), "
+            "or remove the old directory."
+        )
+
+
+def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
+    """Create or re-use the run directory: config.yaml, plan.json and its digest, job.sbatch (SLURM), logs/."""
+    return write_run_dir(plan, config_yaml, check_run_dir(plan))
+
+
+def check_run_dir(plan: JobPlan) -> str | None:
+    """Everything writing the run dir would refuse, found before anything is written (a sweep checks every
+    point first): a run dir holding another run, values #SBATCH cannot carry. Returns job.sbatch's text."""
+    plan_path = rundir.plan_file(Path(plan.run_dir))
+    if plan_path.exists():
+        check_same_run(plan, plan_path)
+    return render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+
+
+def write_run_dir(plan: JobPlan, config_yaml: str, sbatch: str | None, durable: bool = True) -> Path:
+    """Write a checked run dir. It is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs
+    and checkpoints are the user's own); plan.sha256 lets the nodes check that they run this plan."""
+    run_dir = Path(plan.run_dir)
+    make_run_dir(run_dir)
+    write_atomic(run_dir / rundir.CONFIG, config_yaml, durable)
+    plan_text = plan.to_json()
+    write_atomic(rundir.plan_file(run_dir), plan_text, durable)
+    write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n", durable)
+    if sbatch is not None:
+        write_atomic(run_dir / rundir.SBATCH, sbatch, durable)
+    return run_dir
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """The run dir and logs/, RUN_DIR_MODE whatever the umask; a path that cannot be one is refused, not a traceback
+    (nothing was written: the first write is this mkdir)."""
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # never wider than the owner's, even for a moment
+        os.chmod(run_dir, rundir.RUN_DIR_MODE)
+        rundir.logs_dir(run_dir).mkdir(exist_ok=True)
+    except FileExistsError as err:
+        raise ConfigError(
+            f"run_dir {run_dir} is a file, not a directory. HINT: pass another run_dir=PATH, or move the file away."
+        ) from err
+    except NotADirectoryError as err:
+        file = next((p for p in run_dir.parents if p.is_file()), run_dir.parent)
+        raise ConfigError(
+            f"run_dir {run_dir} lies under {file}, which is a file. HINT: pass a run_dir=PATH under a directory."
+        ) from err
+    except OSError as err:
+        raise ConfigError(
+            f"run_dir {run_dir} cannot be created here ({err.strerror}): it must be on a writable filesystem "
+            "the nodes share. HINT: pass run_dir=PATH on one (e.g. under $HOME or your scratch space)."
+        ) from err
+
+
+def executor_parameters(plan: JobPlan) -> dict[str, Any]:
+    """submitit parameters for the same allocation job.sbatch asks for (see render.sbatch_directives)."""
+    if plan.slurm is None:
+        return {"timeout_min": 24 * 60, "tasks_per_node": 1, "nodes": 1, "name": plan.run_name}
+    spec = plan.slurm
+    extra: dict[str, Any] = {"requeue": True, "open-mode": "append", **dict(spec.extra)}
+    if spec.gpus:
+        extra["gpus-per-node"] = spec.gpus
+    if spec.time_min == NO_TIME_LIMIT:
+        extra["time"] = spec.time  # submitit writes --time from timeout_min; its extras win
+    params: dict[str, Any] = {
+        "name": spec.job_name,
+        "nodes": plan.topology.nodes,
+        "tasks_per_node": 1,
+        "timeout_min": spec.time_min,
+        "slurm_partition": spec.partition,
+        "slurm_signal_delay_s": int(spec.signal.split("@")[1]),
+        "slurm_setup": [*plan.setup, *task_count_lines(plan)],
+        "slurm_additional_parameters": extra,
+        "slurm_srun_args": ["--kill-on-bad-exit=1"],
+    }
+    optional = {
+        "cpus_per_task": spec.cpus_per_task,
+        "mem_gb": spec.mem_gb,
+        "slurm_account": spec.account,
+        "slurm_qos": spec.qos,
+        "slurm_constraint": spec.constraint,
+        "slurm_exclude": spec.exclude,
+    }
+    return params | {k: v for k, v in optional.items() if v is not None}
+
+
+def make_executor(plan: JobPlan, folder: Path | None = None) -> submitit.AutoExecutor:
+    import submitit
+
+    folder = folder or Path(plan.run_dir) / rundir.SUBMITIT
+    if plan.scheduler == "local":
+        executor = submitit.AutoExecutor(folder=folder, cluster="local")
+    else:
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_python=plan.python)
+    executor.update_parameters(**executor_parameters(plan))
+    return executor
+
+
+def check_cluster(plan: JobPlan) -> None:
+    """Checks that need the live cluster: SLURM is reachable and the partition exists."""
+    if plan.slurm is None:
+        return
+    partitions = slurm_cli.partitions()
+    if plan.slurm.partition not in partitions:
+        raise SubmitError(
+            f"Partition {plan.slurm.partition!r} does not exist on this cluster. "
+            f"HINT: set cluster.partition to one of: {', '.join(sorted(partitions)) or '(none found)'}."
+        )
+
+
+def check_storage(plan: JobPlan) -> None:
+    """The bucket exists and this shell's credentials reach it (the nodes get the same environment), and the
+    prefix holds no other run's checkpoints: the nodes would refuse to resume them, and remote retention
+    would count (and delete) them as this run's. The newest remote manifest speaks for the prefix."""
+    if plan.storage is not None:
+        from swiftslurm.ckpt.checkpoint import check_identity
+        from swiftslurm.storage.store import CheckpointStore, newest_remote_step
+
+        store = CheckpointStore(plan.storage)
+        store.check_access()
+        if (step := newest_remote_step(store)) is not None:
+            check_identity(store.manifest(step), plan.identity(), store.key(step), error=ConfigError)
+
+
+def submit(plan: JobPlan) -> submitit.Job[Any]:
+    """Submit the prepared run directory; the job runs swiftslurm.node on every node."""
+    from swiftslurm.node.supervise import submitit_entry
+
+    check_cluster(plan)
+    check_storage(plan)
+    executor = make_executor(plan)
+    try:
+        return executor.submit(submitit_entry, plan.run_dir)
+    except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
+        raise SubmitError(f"Submission failed: {err}".strip()) from err
+
+
+def allocation_key(plan: JobPlan) -> str:
+    """What SLURM is asked for, without the job name: runs with equal keys can share one job array."""
+    return json.dumps(executor_parameters(plan) | {"name": ""}, sort_keys=True, default=str)
+
+
+def submit_array(plans: list[JobPlan], folder: Path, parallelism: int) -> list[submitit.Job[Any]]:
+    """Submit runs that ask for the same allocation as one SLURM job array (one sbatch), at most
+    ``parallelism`` of them running at once (`--array=0-N%parallelism`). Each task is an ordinary run:
+    its own run dir, its own job id (`<array>_<i>`), requeued and resumed on its own."""
+    from swiftslurm.node.supervise import submitit_entry
+
+    first = plans[0]
+    if len({allocation_key(p) for p in plans}) > 1:
+        raise SubmitError("an array's runs must ask for the same allocation; submit them as separate jobs.")
+    check_cluster(first)
+    for plan in plans:
+        check_storage(plan)
+    executor = make_executor(first, folder)
+    executor.update_parameters(slurm_array_parallelism=parallelism)
+    try:
+        return list(executor.map_array(submitit_entry, [p.run_dir for p in plans]))
+    except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
+        raise SubmitError(f"Submission failed: {err}".strip()) from err

@@ -1,0 +1,125 @@
+"""What the command line prints: the plan, the per-node environment table, the final result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swiftslurm.ckpt.checkpoint import newest_checkpoint
+from swiftslurm.engines.registry import engine_for
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import display_command, render_sbatch, swift_command
+from swiftslurm.rundir.layout import PREFLIGHT_REPORT, SBATCH, preflight_dir
+from swiftslurm.rundir.metrics import read_metrics
+from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.slurm_env import SlurmEnv, rank_env
+from swiftslurm.submit.preflight import read_report
+
+EXAMPLE_JOB_ID = "12345"
+
+
+def describe_plan(plan: JobPlan) -> str:
+    topo, batch, par = plan.topology, plan.batch, plan.parallel
+    devices = f"{topo.gpus_per_node} GPUs" if topo.gpus_per_node else f"{topo.procs_per_node} CPU process(es)"
+    lines = [
+        f"run         {plan.run_name}",
+        f"run dir     {plan.run_dir}",
+        f"command     {plan.launcher} {plan.command}  (model {plan.model_id})",
+        f"topology    {topo.nodes} node(s) × {devices} = world size {topo.world_size}  [{plan.scheduler}]",
+        f"parallel    tp {par.tp} × pp {par.pp} × cp {par.cp} (ep {par.ep}, sequence parallel "
+        f"{'on' if par.sequence_parallel else 'off'}) → data parallel {batch.data_parallel}",
+        f"batch       global {batch.global_} = micro {batch.micro} × grad accum {batch.grad_accum} "
+        f"× data parallel {batch.data_parallel} (samples per optimizer step)",
+    ]
+    if plan.slurm:
+        spec = plan.slurm
+        limit = f"{spec.time_min} min" if spec.time_min else "no limit"
+        lines.append(
+            f"slurm       partition {spec.partition}, time {spec.time} ({limit}), "
+            f"signal {spec.signal}, gpus/node {spec.gpus or 0}"
+        )
+    return "\n".join(lines)
+
+
+def describe_engine(plan: JobPlan) -> str:
+    rows = engine_for(plan.launcher).describe()
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key.ljust(width)}  {value}" for key, value in rows)
+
+
+def example_node_envs(plan: JobPlan) -> list[tuple[SlurmEnv, dict[str, str]]]:
+    """What each node's wrapper will export, for an example allocation (the same code runs on nodes)."""
+    if plan.scheduler == "local":
+        where = SlurmEnv.local({})
+        return [(where, rank_env(where, plan))]
+    n = plan.topology.nodes
+    nodelist = f"node[001-{n:03d}]" if n > 1 else "node001"
+    rows = []
+    for node in range(n):
+        srun_env = {
+            "SLURM_JOB_ID": EXAMPLE_JOB_ID,
+            "SLURM_JOB_NODELIST": nodelist,
+            "SLURM_JOB_NUM_NODES": str(n),
+            "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node),
+            "SLURM_NTASKS": str(n),
+        }
+        where = SlurmEnv.from_environ(srun_env)
+        rows.append((where, rank_env(where, plan)))
+    return rows
+
+
+def node_env_table(plan: JobPlan) -> str:
+    keys = ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"]
+    rows = [["node", "host", *keys]]
+    for where, env in example_node_envs(plan):
+        host = where.hosts[where.node_id] if where.hosts else "(this machine)"
+        rows.append([str(where.node_id), host, *(env.get(k, "-") for k in keys)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    static = " ".join(f"{k}={v}" for k, v in plan.env)
+    return "\n".join([*table, f"every node also exports: {static}"])
+
+
+def dry_run_report(plan: JobPlan) -> str:
+    sections = [("plan", describe_plan(plan))]
+    if plan.slurm:
+        sections.append((SBATCH, render_sbatch(plan).rstrip()))
+    where = (
+        f"example allocation: SLURM_JOB_ID={EXAMPLE_JOB_ID}, hosts node001..; MASTER_PORT = "
+        f"{plan.master_port_base} + job id mod 20000"
+        if plan.slurm
+        else "this machine"
+    )
+    sections.append((f"per-node environment ({where}; '-' = not set)", node_env_table(plan)))
+    sections.append(("engine (how swiftslurm drives it)", describe_engine(plan)))
+    sections.append(("ms-swift command (every node)", display_command(swift_command(plan))))
+    return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections)
+
+
+def result_summary(plan: JobPlan) -> str:
+    loss = read_metrics(Path(plan.run_dir)).loss  # the last loss ms-swift logged
+    checkpoint = newest_checkpoint(plan.output_dir)
+    status = read_status(Path(plan.run_dir)) or {}
+    attempts = len(read_attempts(Path(plan.run_dir)))
+    return "\n".join(
+        [
+            f"state            {status.get('state', 'unknown')}: {status.get('why', '')} ({attempts} attempt(s))",
+            *([f"preflight        {preflight_verdict(Path(plan.run_dir))}"] if plan.preflight.enabled else []),
+            f"run dir          {plan.run_dir}",
+            f"final loss       {loss:.4f}" if loss is not None else "final loss       (none logged)",
+            f"last checkpoint  {checkpoint or '(none)'}",
+        ]
+    )
+
+
+def preflight_verdict(run_dir: Path) -> str:
+    """The newest preflight report's verdict in a line (`preflight=true`: each attempt's checks, node 0's report)."""
+    reports = sorted(preflight_dir(run_dir).glob(f"*/{PREFLIGHT_REPORT}"), key=lambda f: f.stat().st_mtime)
+    report = read_report(reports[-1]) if reports else None
+    if report is None:
+        return "no report (the job ended before its checks did)"
+    failed = report.failures()
+    if not failed:
+        return f"passed on {len(report.nodes)} node(s) ({reports[-1]})"
+    node, check = failed[0]
+    return f"FAILED {len(failed)} check(s), first: {node.host} {check.name}: {check.detail} ({reports[-1]})"
