@@ -1,0 +1,1 @@
+"""Operating runs that exist: status, logs, cancel, resume, plots, the goodput ledger, the storage CLI."""

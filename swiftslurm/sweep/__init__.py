@@ -1,0 +1,1 @@
+"""`python -m swiftslurm -m ...`: the sweeper that plans every point once, and the end of a sweep."""
