@@ -1,6 +1,6 @@
 """Benchmark: wall time of a dry run (plan + render + print), against bare interpreter start-up.
 
-    .venv/bin/python bench/dry_run.py [--repeats 5]
+    .venv/bin/python -m bench.dry_run [--repeats 5]
 
 The target is "well under 2 s" (no ms-swift or torch import on the login side). Reports min/median/max
 of each, interleaved, and the ratio of medians.

@@ -1,12 +1,12 @@
 """Benchmark: training throughput under swiftslurm's node wrapper versus the same `swift sft` run directly.
 
-    python bench/gpu_overhead.py --assets DIR --out OUT [--strategies ddp,zero3] [--pairs 3]
+    python -m bench.gpu_overhead --assets DIR --out OUT [--strategies ddp,zero3] [--pairs 3]
                                  [--deadline-at EPOCH_S] [--first-pair 0]
 
 Per strategy and pair, two runs on the same GPUs, one after the other, in alternating order (ABBA):
 
 - **swiftslurm**: `python -m swiftslurm.node RUN_DIR` with srun's environment (1 node × all GPUs; see
-  bench/gpu_common.py), which starts `swift sft` with swiftslurm's callbacks (stop, commit) and
+  tests/gpu/gpu_common.py), which starts `swift sft` with swiftslurm's callbacks (stop, commit) and
   plugin, watches it, and commits every checkpoint (checksums, manifest).
 - **direct**: the `swift sft` command a user would type for the same plan, i.e. the same arguments without
   swiftslurm's callbacks and plugin, with the same environment the wrapper gives its trainer (srun's, the
@@ -30,14 +30,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_common import (
+from swiftslurm.engines.registry import engine_for
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import swift_command
+from swiftslurm.slurm_env import SlurmEnv, rank_env
+from tests.gpu.gpu_common import (
     VERSIONED,
     FakeJob,
     GpuMemorySampler,
@@ -53,11 +54,6 @@ from gpu_common import (
     step_entries,
     window_throughput,
 )
-
-from swiftslurm.engines.registry import engine_for
-from swiftslurm.plan import JobPlan
-from swiftslurm.render import swift_command
-from swiftslurm.slurm_env import SlurmEnv, rank_env
 
 STRATEGIES = {
     "ddp": ("strategy=ddp", "strategy.tuner_type=full"),

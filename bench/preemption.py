@@ -2,7 +2,7 @@
 SLURM cluster.
 
     bash scripts/slurm-local.sh up
-    .venv/bin/python bench/preemption.py [--repeats 3] [--run-root DIR] [--kill-repeats 3]
+    .venv/bin/python -m bench.preemption [--repeats 3] [--run-root DIR] [--kill-repeats 3]
 
 Each repeat submits the tiny 2-node run (`+cluster=local-slurm swift.max_steps=200 swift.save_steps=100`),
 waits until node 0 logs step 30 or later, sends `scancel --signal=USR2 JOB` (what SLURM sends ahead of a
@@ -53,12 +53,11 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
+from swiftslurm.ckpt.checkpoint import MANIFEST
+from swiftslurm.plan import JobPlan
+from swiftslurm.render import swift_command
 
-from swiftslurm.ckpt.checkpoint import MANIFEST  # noqa: E402
-from swiftslurm.plan import JobPlan  # noqa: E402
-from swiftslurm.render import swift_command  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 MAX_STEPS = 200
 SIGNAL_AT_STEP = 30

@@ -1,6 +1,6 @@
 """Benchmark: signal -> committed against checkpoint size; one rank hashing all vs the ranks hashing together.
 
-    .venv/bin/python bench/save_budget.py [--sizes-gb 1 10 50] [--ranks 4] [--repeats 3] [--dir DIR]
+    .venv/bin/python -m bench.save_budget [--sizes-gb 1 10 50] [--ranks 4] [--repeats 3] [--dir DIR]
 
 --ranks processes join a real gloo group (torch.distributed, CPU) and write a checkpoint laid out as DeepSpeed
 ZeRO-3 writes a full fine-tune's: 14 bytes per parameter, of which 2 are the 16-bit weights rank 0 gathers into
@@ -41,10 +41,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout's
+from swiftslurm.ckpt import checkpoint
 
-from swiftslurm.ckpt import checkpoint  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BLOCK = 64 << 20
 WEIGHTS_SHARE = 2 / 14  # bf16 weights of 14 bytes per parameter (plan.CHECKPOINT_GB_PER_B_PARAMS["full"])

@@ -1,7 +1,9 @@
 """Benchmark: checkpoint upload and restore throughput of swiftslurm's sync, against awscli and s5cmd.
 
-    bash bench/install_clients.sh && .venv/bin/python bench/storage.py [--quick] [--repeats 3]
-    .venv/bin/python bench/storage.py --training [--quick] [--repeats 5] [--steps 200] [--save-steps 5]
+    bash bench/install_clients.sh && .venv/bin/python -m bench.storage [--quick] [--repeats 3]
+    .venv/bin/python -m bench.storage --training [--quick] [--repeats 5] [--steps 200] [--save-steps 5]
+
+(from the repository root).
 
 A checkpoint-shaped folder (default 3 x 320 MiB + 200 files of 1-64 KiB, ~1 GiB; see --large, --small) is
 committed with swiftslurm's `commit` and copied by each client to and from three targets on 127.0.0.1, the
@@ -17,9 +19,6 @@ Clients:
               manifest (a conditional put); a restore is verified against the manifest (SHA-256), fsynced and
               renamed into place. Timed around the call, in a process of its own whose S3 client is made
               before the clock starts (the wrapper makes one per run, not per checkpoint).
-  awscrt      the same CheckpointStore calls with the CRT S3 client (awscrt, behind boto3[crt]) moving the
-              files' bytes instead of swiftslurm's sender and fetcher (bench/crt_engine.py), same checks, same
-              timing; awscrt comes from --crt-lib (bench/install_clients.sh), on that process's path only.
   awscli      `aws s3 cp --recursive` with its defaults; the command's wall time (process start included).
   s5cmd       `s5cmd cp` with its defaults; the command's wall time.
 
@@ -55,11 +54,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm and tests/ are this checkout's
+from swiftslurm.ckpt.checkpoint import MANIFEST, commit
+from swiftslurm.rundir.layout import UPLOAD_HISTORY
 
-from swiftslurm.ckpt.checkpoint import MANIFEST, commit  # noqa: E402
-from swiftslurm.rundir.layout import UPLOAD_HISTORY  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+MODULE = "bench.storage"  # the swiftslurm client's process runs this module, from REPO
 
 STEP_TIMES = "step_times.json"  # written by bench/step_times_plugin.py into the run's output dir
 
@@ -69,7 +68,7 @@ MiB = 1 << 20
 MB = 1e6
 REGION = "us-east-1"
 RESTORE_PREFIX = "restore"  # the restore source: <prefix>/checkpoint-STEP/ on every target
-CLIENTS = ("swiftslurm", "awscrt", "awscli", "s5cmd")
+CLIENTS = ("swiftslurm", "awscli", "s5cmd")
 CLI_CLIENTS = ("awscli", "s5cmd")  # installed by bench/install_clients.sh into --clients-venv
 TARGETS = ("seaweedfs", "sink", "light")
 LABELS = {
@@ -264,10 +263,9 @@ def client_argv(client: str, direction: str, endpoint: str, prefix: str, local: 
     """The command that copies checkpoint-STEP between ``local`` and s3://BUCKET/<prefix>/."""
     remote = f"s3://{BUCKET}/{prefix}/checkpoint-{STEP}/"
     tools = setting.tools
-    if client in ("swiftslurm", "awscrt"):
+    if client == "swiftslurm":
         options = [arg for option in setting.options for arg in ("--option", option)]
-        engine = ["--engine", "crt"] if client == "awscrt" else []
-        return [sys.executable, __file__, "--as-client", direction, endpoint, prefix, str(local), *options, *engine]
+        return [sys.executable, "-m", MODULE, "--as-client", direction, endpoint, prefix, str(local), *options]
     if client == "awscli":
         ends = [f"{local}/", remote] if direction == "upload" else [remote, f"{local}/"]
         return [str(tools / "aws"), "--endpoint-url", endpoint, "s3", "cp", "--recursive", "--only-show-errors", *ends]
@@ -281,19 +279,11 @@ def s5cmd_binary(tools: Path) -> Path:
     return shipped[0] if shipped else tools / "s5cmd"
 
 
-def as_client(direction: str, endpoint: str, prefix: str, local: Path, options: dict[str, Any], engine: str) -> None:
-    """The swiftslurm client's process: make the store (as the wrapper does once), then time one call.
-    ``engine`` "crt": the CRT S3 client moves the bytes (bench/crt_engine.py), the rest is CheckpointStore's."""
+def as_client(direction: str, endpoint: str, prefix: str, local: Path, options: dict[str, Any]) -> None:
+    """The swiftslurm client's process: make the store (as the wrapper does once), then time one call."""
     from swiftslurm.storage.store import CheckpointStore
 
-    connections = options.pop("crt_connections", None)  # the awscrt client's alone
-    if engine == "crt":
-        sys.path.insert(0, str(REPO / "bench"))
-        from crt_engine import CrtCheckpointStore
-
-        store: CheckpointStore = CrtCheckpointStore(spec(endpoint, prefix, **options), connections)
-    else:
-        store = CheckpointStore(spec(endpoint, prefix, **options))
+    store = CheckpointStore(spec(endpoint, prefix, **options))
     started, cpu = time.perf_counter(), time.process_time()
     if direction == "upload":
         store.upload(local)
@@ -306,7 +296,7 @@ def run_client(argv: list[str], env: dict[str, str]) -> tuple[float, float, floa
     """(seconds of the copy, client CPU s, seconds of the process, CPU s of the process)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0 or "error" in done.stdout.lower():
@@ -314,7 +304,7 @@ def run_client(argv: list[str], env: dict[str, str]) -> tuple[float, float, floa
             f"{' '.join(argv[:6])} ... failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         )
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    if argv[1] == __file__:  # swiftslurm (either engine) reports the call's own time
+    if argv[1:3] == ["-m", MODULE]:  # the swiftslurm client reports the call's own time
         inner = json.loads(done.stdout.strip().splitlines()[-1])
         return inner["seconds"], inner["cpu_s"], wall, cpu
     return wall, cpu, wall, cpu
@@ -340,18 +330,12 @@ class Setting:
     tools: Path
     env: dict[str, str]
     options: tuple[str, ...] = ()  # StorageSpec fields for swiftslurm's client, "FIELD=VALUE"
-    crt_lib: Path | None = None  # where awscrt is installed (pip --target): on the awscrt client's path only
 
 
-def env_for(client: str, setting: Setting) -> dict[str, str]:
-    """The client's environment: awscrt on the path of the `awscrt` client alone. With awscrt importable,
-    botocore also signs with the CRT, so the swiftslurm client must not see it: it runs as deployed."""
-    env = {k: v for k, v in setting.env.items() if k != "PYTHONPATH"}
-    if client == "awscrt":
-        if setting.crt_lib is None or not (setting.crt_lib / "awscrt").is_dir():
-            raise RuntimeError(f"no awscrt in {setting.crt_lib}: run `bash bench/install_clients.sh` first")
-        env["PYTHONPATH"] = str(setting.crt_lib)
-    return env
+def env_for(setting: Setting) -> dict[str, str]:
+    """A client's environment, without PYTHONPATH: each client runs as deployed (the swiftslurm client finds
+    this checkout from its working directory, REPO)."""
+    return {k: v for k, v in setting.env.items() if k != "PYTHONPATH"}
 
 
 def one_copy(setting: Setting, target: Target, direction: str, client: str, repeat: int) -> Sample:
@@ -363,7 +347,7 @@ def one_copy(setting: Setting, target: Target, direction: str, client: str, repe
     argv = client_argv(client, direction, target.endpoint_url, prefix, local, setting)
     os.sync()  # the previous copy's writes are not this one's to pay for
     server_before, busy_before = cpu_seconds(target.pid), busy_cpu_seconds()
-    seconds, client_cpu, process_s, process_cpu = run_client(argv, env_for(client, setting))
+    seconds, client_cpu, process_s, process_cpu = run_client(argv, env_for(setting))
     server_cpu = cpu_seconds(target.pid) - server_before
     others = busy_cpu_seconds() - busy_before - server_cpu - process_cpu
     synced = time.perf_counter()
@@ -372,7 +356,7 @@ def one_copy(setting: Setting, target: Target, direction: str, client: str, repe
     if direction == "upload":
         found = remote_tree(target.endpoint_url, prefix)
     else:
-        found = tree(local / f"checkpoint-{STEP}" if client in ("swiftslurm", "awscrt") else local)
+        found = tree(local / f"checkpoint-{STEP}" if client == "swiftslurm" else local)
         shutil.rmtree(local)
     if found != expected:
         missing = sorted(set(expected.items()) ^ set(found.items()))[:5]
@@ -460,11 +444,9 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-def versions(tools: Path, clients: list[str], crt_lib: Path | None) -> dict[str, str]:
+def versions(tools: Path, clients: list[str]) -> dict[str, str]:
     def out(argv: list[str]) -> str:
         return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip().splitlines()[0]
-
-    from importlib.metadata import distributions
 
     from tests.s3server import weed_binary
 
@@ -480,70 +462,7 @@ def versions(tools: Path, clients: list[str], crt_lib: Path | None) -> dict[str,
         found["awscli"] = out([str(tools / "aws"), "--version"])
     if "s5cmd" in clients:
         found["s5cmd"] = out([str(s5cmd_binary(tools)), "version"])
-    if "awscrt" in clients and crt_lib is not None:
-        found["awscrt"] = next((d.version for d in distributions(path=[str(crt_lib)]) if d.name == "awscrt"), "?")
     return found
-
-
-def pair_ratio_stats(samples: list[Sample], rate: str) -> dict[str, Any] | None:
-    """swiftslurm / awscrt, repeat by repeat (the two copies of one repeat ran back to back), for each target
-    and direction: min, median, max of the per-repeat ratios of ``rate`` ("mb_s" or "durable_mb_s")."""
-    by = {(s.target, s.direction, s.client, s.repeat): getattr(s, rate) for s in samples}
-    ratios = [
-        value / by[(t, d, "awscrt", r)]
-        for (t, d, c, r), value in by.items()
-        if c == "swiftslurm" and (t, d, "awscrt", r) in by
-    ]
-    if not ratios:
-        return None
-    return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "each": ratios}
-
-
-def against_awscrt(samples: list[Sample]) -> list[dict[str, Any]]:
-    """For issue 15's rule (keep swiftslurm's engine only where it is >= 1.2x awscrt): per target and direction,
-    both engines' MB/s (durable for restores: both fsync before the manifest), the ratio of the medians and
-    the per-repeat ratios."""
-    found = []
-    for target, direction in dict.fromkeys((s.target, s.direction) for s in samples):
-        here = [s for s in samples if (s.target, s.direction) == (target, direction)]
-        if {"swiftslurm", "awscrt"} - {s.client for s in here}:
-            continue
-        rate = "durable_mb_s" if direction == "restore" else "mb_s"
-        rates = {c: [getattr(s, rate) for s in here if s.client == c] for c in ("swiftslurm", "awscrt")}
-        cpu = {c: statistics.median(s.client_cpu_s for s in here if s.client == c) for c in rates}
-        medians = {c: statistics.median(v) for c, v in rates.items()}
-        found.append(
-            {
-                "target": target,
-                "direction": direction,
-                "rate": rate,
-                "swiftslurm_mb_s": [min(rates["swiftslurm"]), medians["swiftslurm"], max(rates["swiftslurm"])],
-                "awscrt_mb_s": [min(rates["awscrt"]), medians["awscrt"], max(rates["awscrt"])],
-                "client_cpu_s_median": cpu,
-                "ratio_of_medians": medians["swiftslurm"] / medians["awscrt"],
-                "pair_ratios": pair_ratio_stats(here, rate),
-            }
-        )
-    return found
-
-
-def comparison_table(comparison: list[dict[str, Any]]) -> str:
-    lines = [
-        "| target | direction | swiftslurm MB/s min / median / max | awscrt MB/s min / median / max | "
-        "client CPU s swiftslurm / awscrt | swiftslurm / awscrt, medians | per repeat min / median / max |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for c in comparison:
-        pairs = c["pair_ratios"]
-        lines.append(
-            f"| {label(c['target'], c['direction'])} | {c['direction']}{' (durable)' if c['rate'] != 'mb_s' else ''} | "
-            + " / ".join(f"{v:.0f}" for v in c["swiftslurm_mb_s"])
-            + " | "
-            + " / ".join(f"{v:.0f}" for v in c["awscrt_mb_s"])
-            + f" | {c['client_cpu_s_median']['swiftslurm']:.2f} / {c['client_cpu_s_median']['awscrt']:.2f} | "
-            f"{c['ratio_of_medians']:.2f} | {pairs['min']:.2f} / {pairs['median']:.2f} / {pairs['max']:.2f} |"
-        )
-    return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
@@ -592,7 +511,7 @@ def throughput(args: argparse.Namespace) -> None:
         print(f"checkpoint: {len(tree(checkpoint))} files, {size / MiB:.0f} MiB ({shape}); {repeats} repeat(s)")
         aws_config = work / "aws-config"
         aws_config.write_text(f"[default]\nregion = {REGION}\ns3 =\n  addressing_style = path\n")
-        setting = Setting(checkpoint, work, tools, client_env(aws_config), tuple(args.option), args.crt_lib)
+        setting = Setting(checkpoint, work, tools, client_env(aws_config), tuple(args.option))
         samples: list[Sample] = []
         for name in args.targets.split(","):
             target = start_target(name, checkpoint, data_root)
@@ -600,17 +519,13 @@ def throughput(args: argparse.Namespace) -> None:
                 samples += run_repeats(setting, target, clients, repeats, args.directions.split(","))
             finally:
                 target.stop()
-        info |= {"versions": versions(tools, clients, args.crt_lib), "shape": asdict(shape), "bytes": size}
+        info |= {"versions": versions(tools, clients), "shape": asdict(shape), "bytes": size}
         info["repeats"] = repeats
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = summarize(samples)
     info |= {"seconds": round(time.monotonic() - started), "summary": rows, "samples": [asdict(s) for s in samples]}
-    comparison = against_awscrt(samples)
-    info |= {"swiftslurm_vs_awscrt": comparison}
     print(f"\n{table(rows)}\n\n" + "\n".join(verdicts(rows)))
-    if comparison:
-        print(f"\n{comparison_table(comparison)}")
     out = (
         args.out
         or REPO / "bench" / "results" / f"storage-{datetime.now():%Y-%m-%d}{'-quick' if args.quick else ''}.json"
@@ -881,13 +796,6 @@ def main() -> None:
         default=Path(os.environ.get("BENCH_CLIENTS_VENV", REPO / ".bench-venv")),
         help="where bench/install_clients.sh put awscli and s5cmd",
     )
-    parser.add_argument(
-        "--crt-lib",
-        type=Path,
-        default=Path(os.environ.get("BENCH_CRT_LIB", REPO / ".crt-lib")),
-        help="where bench/install_clients.sh put awscrt (pip --target), for the awscrt client",
-    )
-    parser.add_argument("--engine", choices=("own", "crt"), default="own", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="the JSON results (default bench/results/storage-DATE.json)")
     parser.add_argument(
         "--as-client", nargs=4, metavar=("DIRECTION", "ENDPOINT", "PREFIX", "PATH"), help=argparse.SUPPRESS
@@ -897,8 +805,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="a StorageSpec field for swiftslurm's client, e.g. part_size_mb=8 (crt_connections=N: the awscrt "
-        "client's connections; default: the CRT's choice)",
+        help="a StorageSpec field for swiftslurm's client, e.g. part_size_mb=8",
     )
     parser.add_argument("--training", action="store_true", help="step time of local training, sync on vs off")
     parser.add_argument("--steps", type=int, default=200, help="--training: training steps per run")
@@ -926,7 +833,7 @@ def main() -> None:
     if args.as_client:
         options = {k: int(v) if v.isdigit() else v for k, _, v in (o.partition("=") for o in args.option)}
         direction, endpoint, prefix, path = args.as_client
-        as_client(direction, endpoint, prefix, Path(path), options, args.engine)
+        as_client(direction, endpoint, prefix, Path(path), options)
         return
     throughput(args)
 

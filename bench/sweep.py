@@ -1,6 +1,6 @@
 """Benchmark: submitting a 1000-point sweep as a job array, and rendering `status` for it.
 
-    bash scripts/slurm-local.sh up && .venv/bin/python bench/sweep.py [--points 1000] [--repeats 3]
+    bash scripts/slurm-local.sh up && .venv/bin/python -m bench.sweep [--points 1000] [--repeats 3]
 
 Each repeat, interleaved:
 - swiftslurm: `python -m swiftslurm -m +cluster=local-slurm seed=range(0,N) array_parallelism=1 swift.max_steps=1`

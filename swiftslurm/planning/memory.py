@@ -3,7 +3,7 @@
 Pure arithmetic on the model's shape (its config.json, or the shipped table data/model_shapes.json for the
 hub ids of conf/model/) and the plan: weights, gradients, optimizer states, activations of one micro batch
 at max_length, and a fixed overhead. The bytes per parameter of each strategy are what ms-swift 4.6 really
-keeps (measured on an H200, bench/gpu_memory.py), not the textbook 16: DDP full fine-tuning steps bf16
+keeps (measured on an H200, tests/gpu/gpu_memory.py), not the textbook 16: DDP full fine-tuning steps bf16
 weights with bf16 Adam moments (8 B/param), FSDP2 keeps fp32 weights, gradients and moments (16), DeepSpeed
 keeps bf16 weights and fp32 master weights, moments and gradient partitions.
 

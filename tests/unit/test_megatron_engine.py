@@ -1,5 +1,5 @@
 """The Megatron adapter against what `megatron sft` really wrote on an H200 (tests/data/megatron/, captured by
-bench/gpu_megatron.py on 2026-12-01: a full fine-tune signalled at iteration 5, saved and committed at 6,
+tests/gpu/gpu_megatron.py on 2026-12-01: a full fine-tune signalled at iteration 5, saved and committed at 6,
 requeued, resumed at 7, finished at 30). CI has no GPU: these keep the adapter true to that output."""
 
 from __future__ import annotations

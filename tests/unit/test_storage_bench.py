@@ -1,17 +1,13 @@
-"""The pure parts of bench/storage.py --training's inside view: which steps ran during an upload, and what they cost."""
+"""The pure parts of bench/storage.py: --training's inside view (which steps ran during an upload, and what they
+cost), and how the swiftslurm client's process is started."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-
-import storage as bench  # bench/storage.py: bench/ is not a package
+from bench import storage as bench
 
 W = bench.WARM_UP_STEPS
 
@@ -54,34 +50,8 @@ def test_inside_view_compares_steps_during_uploads_with_clear_ones_and_controls_
     assert bench.inside_view([run("on", 0, [1.0] * 10, [])]) == {}  # no step ran during an upload
 
 
-def sample(direction: str, client: str, repeat: int, seconds: float, sync_s: float = 0.0) -> bench.Sample:
-    return bench.Sample("seaweedfs", direction, client, repeat, seconds, 10**9, 1.0, 1.0, seconds, sync_s)
-
-
-def test_awscrt_comparison_pairs_each_repeat_and_counts_restores_until_on_disk() -> None:
-    # Upload: swiftslurm 1 GB in 2, 4, 5 s (500, 250, 200 MB/s); awscrt in 4, 4, 4 s (250). Restores: both 1 s,
-    # but awscrt's bytes reached the disk only 1 s later (a sync after it): durable 500 against 1000 MB/s.
-    samples = [sample("upload", "swiftslurm", r, s) for r, s in enumerate([2.0, 4.0, 5.0])]
-    samples += [sample("upload", "awscrt", r, 4.0) for r in range(3)]
-    samples += [sample("restore", "swiftslurm", r, 1.0) for r in range(3)]
-    samples += [sample("restore", "awscrt", r, 1.0, sync_s=1.0) for r in range(3)]
-    samples += [sample("upload", "s5cmd", 0, 1.0)]  # other clients do not take part
-    upload, restore = bench.against_awscrt(samples)
-    assert (upload["direction"], upload["rate"]) == ("upload", "mb_s")
-    assert upload["swiftslurm_mb_s"] == pytest.approx([200, 250, 500])
-    assert upload["ratio_of_medians"] == pytest.approx(1.0)
-    assert upload["pair_ratios"]["each"] == pytest.approx([2.0, 1.0, 0.8])
-    assert [upload["pair_ratios"][k] for k in ("min", "median", "max")] == pytest.approx([0.8, 1.0, 2.0])
-    assert restore["rate"] == "durable_mb_s" and restore["ratio_of_medians"] == pytest.approx(2.0)
-    assert "| 2.00 | 2.00 / 2.00 / 2.00 |" in bench.comparison_table([upload, restore])
-    assert bench.against_awscrt([s for s in samples if s.client != "awscrt"]) == []
-
-
-def test_only_the_awscrt_client_has_awscrt_on_its_path(tmp_path: Path) -> None:
-    crt_lib = tmp_path / "crt"
-    (crt_lib / "awscrt").mkdir(parents=True)
-    setting = bench.Setting(crt_lib, crt_lib, crt_lib, {"PYTHONPATH": str(crt_lib), "HOME": "/h"}, (), crt_lib)
-    assert "PYTHONPATH" not in bench.env_for("swiftslurm", setting)  # botocore would sign with the CRT
-    assert bench.env_for("awscrt", setting)["PYTHONPATH"] == str(crt_lib)
-    with pytest.raises(RuntimeError, match=r"install_clients\.sh"):
-        bench.env_for("awscrt", bench.Setting(crt_lib, crt_lib, crt_lib, {}, (), crt_lib / "missing"))
+def test_the_swiftslurm_client_runs_this_module_as_deployed(tmp_path: Path) -> None:
+    setting = bench.Setting(tmp_path, tmp_path, tmp_path, {"PYTHONPATH": str(tmp_path), "HOME": "/h"}, ())
+    assert "PYTHONPATH" not in bench.env_for(setting)
+    argv = bench.client_argv("swiftslurm", "upload", "http://s3", "p", tmp_path, setting)
+    assert argv[1:4] == ["-m", "bench.storage", "--as-client"]

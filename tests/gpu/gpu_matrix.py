@@ -1,13 +1,13 @@
 """Every strategy that fits two GPUs, through swiftslurm's own node wrapper: trains, commits, is preempted
 (USR2 mid-run), is requeued and resumes with the step count carried on. See docs/gpu.md.
 
-    python bench/gpu_matrix.py --assets DIR --out OUT [--cases ddp,zero3,...] [--concurrency 9]
+    python -m tests.gpu.gpu_matrix --assets DIR --out OUT [--cases ddp,zero3,...] [--concurrency 9]
 
 Each case is planned with `python -m swiftslurm ... dry_run=true run_dir=DIR` and run as an emulated SLURM
-job (bench/gpu_common.py): one `python -m swiftslurm.node DIR` per node with srun's environment, a
+job (tests/gpu/gpu_common.py): one `python -m swiftslurm.node DIR` per node with srun's environment, a
 1-node × 2-GPU job or a 2-node × 1-GPU job (one GPU per "node", NCCL over sockets). Once node 0 has
 logged step `--preempt-at`, every task gets USR2 (SLURM's `--signal`); the wrapper saves, commits and
-requeues the job through `scontrol` (bench/fake_slurm), the job's tasks are ended as SLURM ends them, and
+requeues the job through `scontrol` (tests/gpu/fake_slurm), the job's tasks are ended as SLURM ends them, and
 started again with SLURM_RESTART_COUNT=1. Checked per case: attempt 1 ended `preempted` with a committed
 checkpoint of the step it was stopped at; attempt 2 resumed from exactly that checkpoint, logged steps
 after it (not from 1), ended `finished` at max_steps, and committed the final checkpoint. Cases run
@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -33,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_common import (
+from swiftslurm.ckpt.checkpoint import newest_checkpoint
+from tests.gpu.gpu_common import (
     FakeJob,
     committed_steps,
     final_summary,
@@ -45,8 +43,6 @@ from gpu_common import (
     step_entries,
     step_of,
 )
-
-from swiftslurm.ckpt.checkpoint import newest_checkpoint
 
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
 _STOP_SAVE = re.compile(r"\[swiftslurm\] stop signal: saving step (\d+)")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Megatron on the lent GPU machine (docs/gpu.md), after ../shared/gpu-megatron's five piece calls:
-#   bash bench/gpu_megatron_device.sh setup matrix      (carry .mg and .whl)
-#   bash bench/gpu_megatron_device.sh overhead           (same warm machine)
-# setup: TE + megatron-core + mcore-bridge + ms-swift (.mg/setup.sh) and swiftslurm's own needs (.whl) into
-# /tmp/site, the random Qwen3 and Qwen3-MoE into /tmp/assets. Results in $OUT (at most 8 files come back).
-# MEGATRON_ARGS: more bench/gpu_megatron.py options.
+#   bash tests/gpu/gpu_megatron_device.sh setup matrix      (carry .mg and .whl, from the repository root)
+#   bash tests/gpu/gpu_megatron_device.sh overhead           (same warm machine)
+# setup: TE + megatron-core + mcore-bridge + ms-swift (.mg/setup.sh) and swiftslurm's own needs (.whl, from
+# scripts/build-gpu-wheels.sh --megatron) into /tmp/site, the random Qwen3 and Qwen3-MoE into /tmp/assets.
+# Results in $OUT (at most 8 files come back).
+# MEGATRON_ARGS: more tests/gpu/gpu_megatron.py options.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -32,8 +33,8 @@ for step in "$@"; do
       python3 .mg/make_assets.py --out /tmp/assets && python3 .mg/make_moe.py /tmp/assets || exit 1
       python3 -c "import megatron.core, swift, hydra, submitit; print('versions', megatron.core.__version__, swift.__version__)"
       ;;
-    matrix) python3 bench/gpu_megatron.py matrix "${common[@]}" "${extra[@]}" ;;
-    overhead) python3 bench/gpu_megatron.py overhead "${common[@]}" "${extra[@]}" ;;
+    matrix) python3 -m tests.gpu.gpu_megatron matrix "${common[@]}" "${extra[@]}" ;;
+    overhead) python3 -m tests.gpu.gpu_megatron overhead "${common[@]}" "${extra[@]}" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -1,6 +1,6 @@
 """Peak GPU memory of each strategy that runs on one GPU, against the planner's estimate (docs/memory.md).
 
-    python bench/gpu_memory.py --assets DIR --out OUT [--cases ddp,lora,...] [--lengths 512,2048] [--concurrency 4]
+    python -m tests.gpu.gpu_memory --assets DIR --out OUT [--cases ddp,lora,...] [--lengths 512,2048] [--concurrency 4]
 
 Each case is planned as a user would plan it (`python -m swiftslurm ... dry_run=true`, one GPU), then its
 `swift sft` argv (without swiftslurm's callbacks: this measures ms-swift, not the wrapper) runs a few steps
@@ -26,11 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_common import REPO, package_versions, plain_swift_argv, plan_run, python, read_jsonl
-
 from swiftslurm.engines.registry import engine_for
+from tests.gpu.gpu_common import REPO, package_versions, plain_swift_argv, plan_run, python, read_jsonl
 
 CASES = {
     "ddp": ("strategy=ddp", "strategy.tuner_type=full"),

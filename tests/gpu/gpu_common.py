@@ -1,8 +1,8 @@
-"""Shared pieces of the GPU runs (bench/gpu_matrix.py, bench/gpu_overhead.py; see docs/gpu.md).
+"""Shared pieces of the GPU runs (tests/gpu/gpu_matrix.py, bench/gpu_overhead.py; see docs/gpu.md).
 
 Where no SLURM runs (the lent GPU machine), a job is emulated the way srun would start it: one
 `python -m swiftslurm.node RUN_DIR` per node, each with the environment srun gives that task
-(`srun_env`), and `bench/fake_slurm/scontrol` standing in for slurmctld's answers. A requeue is played
+(`srun_env`), and `tests/gpu/fake_slurm/scontrol` standing in for slurmctld's answers. A requeue is played
 the way SLURM plays it: TERM to every task, KILL after KillWait, then the same job id again with
 SLURM_RESTART_COUNT one higher.
 
@@ -28,13 +28,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: swiftslurm is this checkout
+from swiftslurm.engines.base import Engine
+from swiftslurm.signals import descendants
 
-from swiftslurm.engines.base import Engine  # noqa: E402
-from swiftslurm.signals import descendants  # noqa: E402
-
-FAKE_SLURM_BIN = REPO / "bench" / "fake_slurm"
+REPO = Path(__file__).resolve().parents[2]
+FAKE_SLURM_BIN = Path(__file__).resolve().parent / "fake_slurm"
 KILL_WAIT_S = 2.0  # SLURM's KillWait between the TERM and the KILL of a requeued job's tasks
 
 

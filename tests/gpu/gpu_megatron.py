@@ -2,11 +2,11 @@
 resumed at the saved iteration + 1, finished; final loss against an uninterrupted run of the same plan. And
 the wrapper's cost: iterations/s under swiftslurm ÷ the same command run directly. See docs/gpu.md.
 
-    python bench/gpu_megatron.py --assets DIR --out OUT matrix [--cases full,lora,moe] [--gpus 1]
-    python bench/gpu_megatron.py --assets DIR --out OUT overhead [--pairs 3] [--case full]
+    python -m tests.gpu.gpu_megatron --assets DIR --out OUT matrix [--cases full,lora,moe] [--gpus 1]
+    python -m tests.gpu.gpu_megatron --assets DIR --out OUT overhead [--pairs 3] [--case full]
 
 The assets are ../shared/gpu-megatron's random Qwen3 (make_assets.py: DIR/model, DIR/train.jsonl) and
-Qwen3-MoE (make_moe.py: DIR/moe). Jobs are emulated as in bench/gpu_matrix.py (gpu_common.FakeJob: srun's
+Qwen3-MoE (make_moe.py: DIR/moe). Jobs are emulated as in tests/gpu/gpu_matrix.py (gpu_common.FakeJob: srun's
 environment per node, scontrol stand-in, SIGUSR2 as SLURM's `--signal`, TERM + KILL at a requeue).
 Progress is read where the engine adapter reads it (output/logging.jsonl: Megatron's last rank writes it).
 """
@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 import traceback
@@ -28,14 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_common import REPO, FakeJob, committed_steps, hosts_for, plain_swift_argv, plan_run, read_jsonl, spread
-
 from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.slurm_env import SlurmEnv, rank_env
+from tests.gpu.gpu_common import (
+    REPO,
+    FakeJob,
+    committed_steps,
+    hosts_for,
+    plain_swift_argv,
+    plan_run,
+    read_jsonl,
+    spread,
+)
 
 ENGINE = MegatronEngine()
 

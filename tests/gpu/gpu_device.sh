@@ -2,12 +2,14 @@
 # One call on the lent GPU machine (docs/gpu.md). Installs the wheels carried in .whl/ into /tmp/site, builds
 # the 0.44B random Qwen3 into /tmp/gpu-assets (both only once per machine), then runs the steps named:
 #
-#   [OVERHEAD_ARGS="--max-steps 80 ..."] bash bench/gpu_device.sh BUDGET_S STEP...
-#   STEP: preflight | matrix[=CASE,CASE] (MATRIX_ARGS: more bench/gpu_matrix.py options)
+#   [OVERHEAD_ARGS="--max-steps 80 ..."] bash tests/gpu/gpu_device.sh BUDGET_S STEP...
+#   STEP: matrix[=CASE,CASE] (MATRIX_ARGS: more tests/gpu/gpu_matrix.py options)
 #         | overhead=FIRST_PAIR:PAIRS (OVERHEAD_ARGS: more bench/gpu_overhead.py options)
+# swiftslurm's own preflight runs inside each job with MATRIX_ARGS="--override preflight=true".
+# The wheels: scripts/build-gpu-wheels.sh, on your machine. Run from the repository root.
 #
-# Results go to $OUT (at most 8 files come back): device.log, preflight.json, matrix.json, overhead.jsonl,
-# versions.json and the run logs as .tgz. No overhead pair starts that would end after BUDGET_S.
+# Results go to $OUT (at most 8 files come back): device.log, matrix.json, overhead.jsonl, versions.json and
+# the run logs as .tgz. No overhead pair starts that would end after BUDGET_S.
 set -uo pipefail
 budget_s=$1
 shift
@@ -40,25 +42,22 @@ df -h / /tmp /var/tmp | sed 's/^/  /'
 # DeepSpeedCPUAdam (ZeRO offload) is compiled at first use: it needs a C++ compiler and Python's headers.
 include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 echo "  g++: $(command -v g++ || echo missing); Python.h: $(ls "$include/Python.h" 2>/dev/null || echo missing)"
+nvidia-smi && nvidia-smi topo -m
 
 for step in "$@"; do
   echo "== $step ($(date +%T), $((deadline - $(date +%s))) s left)"
   case $step in
-    preflight)
-      nvidia-smi
-      python3 bench/gpu_preflight.py --sockets --json "$out/preflight.json"
-      ;;
     matrix*)
       cases=${step#matrix}
       read -ra extra <<<"${MATRIX_ARGS:-}"
-      python3 bench/gpu_matrix.py "${common[@]}" --runs "$runs/gpu-matrix" --case-timeout-s 420 --cases "${cases#=}" \
+      python3 -m tests.gpu.gpu_matrix "${common[@]}" --runs "$runs/gpu-matrix" --case-timeout-s 420 --cases "${cases#=}" \
         "${extra[@]}"
       tar -czf "$out/matrix-logs.tgz" --exclude=output "$runs/gpu-matrix" 2>/dev/null
       ;;
     overhead=*)
       spec=${step#overhead=}
       read -ra extra <<<"${OVERHEAD_ARGS:-}"
-      python3 bench/gpu_overhead.py "${common[@]}" --first-pair "${spec%:*}" --pairs "${spec#*:}" \
+      python3 -m bench.gpu_overhead "${common[@]}" --first-pair "${spec%:*}" --pairs "${spec#*:}" \
         --runs "$runs/gpu-overhead" --deadline-at "$deadline" "${extra[@]}"
       tar -czf "$out/overhead-logs.tgz" --exclude=output "$runs/gpu-overhead" 2>/dev/null
       ;;
