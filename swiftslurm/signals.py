@@ -37,8 +37,8 @@ DUMP_SIGNAL = signal.SIGURG
 # What stops the wrapper: SLURM's warning (USR2), scancel's TERM, and INT (Ctrl-C on a run started by hand). Not
 # USR1: NCCL may catch it, and SLURM is asked for USR2.
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
-# What stops a training rank: the wrapper's stop signals, and USR1 too, which ms-swift's own save-on-signal
-# callback (replaced by swiftslurm_stop) stops on; a rank only records it (engines/hooks.py StopRequest).
+# What stops a training rank: the wrapper's stop signals and USR1, the set ms-swift's own ShutdownManager stops on
+# (behind the graceful_exit callback that swiftslurm_stop replaces); a rank only records it (hooks.StopRequest).
 RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
 Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal takes and returns
 
