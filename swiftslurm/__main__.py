@@ -20,12 +20,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from swiftslurm.cli.mistakes import to_config
-from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
 from swiftslurm.planning import memory_plan
 from swiftslurm.planning.config import open_dict_overrides, register_configs
 from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning
-from swiftslurm.sweep.callback import discard_unplanned_sweeps
+from swiftslurm.sweep.callback import discard_unplanned_sweeps, raise_unfinished_sweep
 
 __all__ = ["main", "to_config"]
 CHECKOUT = Path(__file__).resolve().parent.parent  # holds conf/ and hydra_plugins/
@@ -68,7 +68,7 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         code = run(cfg)
     except SwiftSlurmError as err:
-        code = refuse(str(err))
+        code = report(err)
     if code:
         sys.exit(code)
 
@@ -90,7 +90,7 @@ def main() -> None:
         print(render(), end="")
         sys.exit(0)
     if cli_errors.is_bare_word(first):  # no `=`, no flag: a command, mistyped; Hydra would say "missing EQUAL"
-        sys.exit(refuse(cli_errors.unknown_command_message(first, list(COMMANDS))))
+        sys.exit(report(cli_errors.unknown_command_message(first, list(COMMANDS))))
     sys.exit(compose_and_run(sys.argv[1:]))
 
 
@@ -105,7 +105,7 @@ def compose_and_run(args: list[str]) -> int:
 
     flag = next((a for a in args if a.startswith("-") and not cli_errors.HYDRA_FLAGS.match(a)), None)
     if flag is not None:
-        return refuse(cli_errors.flag_message(flag))
+        return report(cli_errors.flag_message(flag))
     register_configs()
     if str(CHECKOUT) not in sys.path:  # Hydra finds plugins only in the `hydra_plugins` namespace package; our
         sys.path.append(str(CHECKOUT))  # sweeper's lives beside conf/ in the checkout, whatever the install
@@ -115,25 +115,21 @@ def compose_and_run(args: list[str]) -> int:
     code: int | str | None = 0
     try:
         hydra_main()
+        raise_unfinished_sweep()
     except SystemExit as stop:
         code = stop.code
     except (HydraException, OmegaConfBaseException) as err:
         if user_asked_for_traceback:
             raise
-        code = refuse(cli_errors.hydra_error_message(err, args))
-    except SwiftSlurmError as err:  # a sweep point refused (swiftslurm/sweep/sweeper.py plans them all first)
-        code = refuse(str(err))
+        code = report(cli_errors.hydra_error_message(err, args))
+    except SwiftSlurmError as err:  # from a sweep (swiftslurm/sweep/): a point refused, not submitted, or failed
+        code = report(err)
     finally:
         if not user_asked_for_traceback:
             del os.environ["HYDRA_FULL_ERROR"]
     if code == 2:
         discard_unplanned_sweeps()  # a refused `-m` leaves no trace, like a refused run
     return code if isinstance(code, int) else 1
-
-
-def refuse(message: str) -> int:
-    print(f"swiftslurm: error: {message}", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

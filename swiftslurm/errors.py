@@ -1,17 +1,51 @@
-"""One family of errors a user can act on. Every message names the value, the conflict and the fix.
+"""One family of errors a user can act on, and the one way a command prints them.
 
-The command line prints these without a traceback and exits with status 2; anything else that escapes
-is a bug in swiftslurm, and keeps its traceback.
+Every message names the value, the conflict and the fix (`... HINT: <fix>` at its end). Library code raises
+these; only the entry points (`python -m swiftslurm`, its subcommands, `python -m swiftslurm.node`) print them,
+with `report`, as one line `swiftslurm: error: <message>` without a traceback, and exit with the error's
+status: 2 for a refusal. Anything else that escapes is a bug in swiftslurm, and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
+from typing import TextIO
+
+USER_ERROR = 2  # exit status of a refusal: something the command was given must change
+PREFIX = "swiftslurm: error: "
 
 
 class SwiftSlurmError(Exception):
     """Base class: a problem the user can fix. ``str(err)`` is the whole message."""
+
+    exit_status = USER_ERROR
+
+
+class RunFailed(SwiftSlurmError):
+    """A run the command waited for did not finish (its own output said why): exit status 1, not 2, since
+    nothing the command was given is wrong."""
+
+    exit_status = 1
+
+
+def format_error(err: BaseException | str) -> str:
+    """The line a command prints for ``err``: `swiftslurm: error: <message>`, the message's HINT at its end."""
+    message = str(err).strip()
+    return PREFIX + (message or type(err).__name__)
+
+
+def report(err: BaseException | str, stream: TextIO | None = None) -> int:
+    """Print ``format_error(err)`` on stderr in one write and return the exit status for it.
+
+    One write: print() writes the text and its newline separately (stderr to a pipe is write-through), and
+    `srun --unbuffered` forwards each write as it comes, so srun's own "srun: error: ..." could land between
+    them, glued to this line."""
+    out = sys.stderr if stream is None else stream
+    out.write(format_error(err) + "\n")
+    out.flush()
+    return err.exit_status if isinstance(err, SwiftSlurmError) else USER_ERROR
 
 
 class ConfigError(SwiftSlurmError):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swiftslurm.errors import RunFailed, report
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.submit.report import dry_run_report, result_summary
@@ -86,7 +87,7 @@ def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
     try:
         job.results()
     except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
-        print(f"swiftslurm: job {job.job_id} failed: {str(err).strip()[-2000:]}", file=sys.stderr)
+        report(RunFailed(f"job {job.job_id} failed: {str(err).strip()[-2000:]}"))
         print(result_summary(plan), file=sys.stderr)
         return 1
     print(f"job {job.job_id} finished.\n{result_summary(plan)}")

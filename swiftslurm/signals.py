@@ -9,26 +9,38 @@ rather than to a process group.
 The wrapper records them from its start to its end on the node (supervise.py installs one SignalLog; under
 submitit it replaces submitit's own handlers, which would requeue the job by themselves): the attempt's
 phases read that one log (attempt.py), whatever they are doing when a signal comes.
+
+This module is the one owner of signal dispositions in swiftslurm: which signals mean stop (the wrapper's
+STOP_SIGNALS, a training rank's RANK_STOP_SIGNALS), save (SAVE_SIGNAL) and dump stacks (DUMP_SIGNAL), and the
+only code that installs, restores or ignores a handler (`install`, `restore`, `ignore_from_now_on`,
+`ignore_save_signal`, `dump_stacks_on_signal`); the wrapper, the launcher and the ranks' plugins call these.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 SAVE_SIGNAL = signal.SIGUSR2
 # Asks a training rank to write its Python stacks (hooks.register_stack_dump). URG: ignored by default, so a
 # process that registered nothing is unharmed; nothing in a training process sends or expects it (USR1 is a
 # stop signal to the ranks, and NCCL may catch it).
 DUMP_SIGNAL = signal.SIGURG
+# What stops the wrapper: SLURM's warning (USR2), scancel's TERM, and INT (Ctrl-C on a run started by hand). Not
+# USR1: NCCL may catch it, and SLURM is asked for USR2.
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+# What stops a training rank: the wrapper's stop signals and USR1, the set ms-swift's own ShutdownManager stops on
+# (behind the graceful_exit callback that swiftslurm_stop replaces); a rank only records it (hooks.StopRequest).
+RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
+Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal takes and returns
 
 
 @dataclass
@@ -47,9 +59,9 @@ class SignalLog:
         """Drop the first ``count`` signals: an attempt has acted on them, the next one starts without them."""
         del self.received[:count]
 
-    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> dict[int, Any]:
+    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> dict[int, Handler]:
         """Make this log the handler of ``signals``; returns the handlers it replaced."""
-        return {sig: signal.signal(sig, self.record) for sig in signals}
+        return install(self.record, signals)
 
     @contextlib.contextmanager
     def installed(self, signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[SignalLog]:
@@ -57,18 +69,40 @@ class SignalLog:
         try:
             yield self
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore(previous)
+
+
+def install(handler: Handler, signals: tuple[int, ...] = STOP_SIGNALS) -> dict[int, Handler]:
+    """Make ``handler`` the handler of each of ``signals``; returns the handlers it replaced (for `restore`)."""
+    return {sig: signal.signal(sig, handler) for sig in signals}
+
+
+def restore(previous: dict[int, Handler]) -> None:
+    """Put back the handlers `install` replaced."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def ignore_from_now_on(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
-    """The node's work is done, its result written: a stop signal now has nothing left to stop, so the kernel
-    ignores it for the rest of the process. A Python handler does not last that long: interpreter shutdown
-    puts SIG_DFL back for every signal that has one (CPython's _PySignal_Fini; SIG_IGN is left alone). A USR2 in
-    a finished follower's last milliseconds killed it by default action; srun saw a task die of a signal,
-    killed the leader in its upload drain (--kill-on-bad-exit) and SLURM recorded the finished run as FAILED."""
+    """The process's work is done (the node's result is written, the job requeued, training over): a stop
+    signal now has nothing left to stop, so the kernel ignores it for the rest of the process. A Python handler
+    does not last that long: interpreter shutdown puts SIG_DFL back for every signal that has one (CPython's
+    _PySignal_Fini; SIG_IGN is left alone), and a signal's default action kills the process. Under srun a task
+    killed by a signal fails the step (--kill-on-bad-exit), whatever the run's result."""
     for sig in signals:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def ignore_save_signal() -> None:
+    """For a child about to exec `swift` (Popen's preexec_fn): it and torchrun must survive SLURM's USR2,
+    whose default action kills; the training ranks install their own handler over the inherited "ignore"."""
+    signal.signal(SAVE_SIGNAL, signal.SIG_IGN)
+
+
+def dump_stacks_on_signal(file: IO[str]) -> None:
+    """Make DUMP_SIGNAL write every thread's Python stacks to ``file``. faulthandler writes from a C handler, so
+    a process blocked inside a collective (in C++, with or without the GIL) still writes them."""
+    faulthandler.register(DUMP_SIGNAL, file=file, all_threads=True)
 
 
 def parent_pids(proc: Path = Path("/proc")) -> dict[int, int]:

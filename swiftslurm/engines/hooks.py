@@ -21,9 +21,7 @@ ended, for the goodput ledger.
 
 from __future__ import annotations
 
-import faulthandler
 import os
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -36,13 +34,12 @@ from swiftslurm.engines.stop_vote import StopVote
 from swiftslurm.rundir import lease
 from swiftslurm.rundir.layout import stack_file
 from swiftslurm.rundir.timeline import COMMITTED, TRAIN_BEGIN, TRAIN_END, TimelineWriter
-from swiftslurm.signals import DUMP_SIGNAL
+from swiftslurm.signals import RANK_STOP_SIGNALS, SAVE_SIGNAL, dump_stacks_on_signal, ignore_from_now_on, install
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
 TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: retention runs only while its lease holds
 IDENTITY_ENV = "SWIFTSLURM_PLAN_IDENTITY"  # set by the wrapper from the plan, written into each manifest
 STACKS_ENV = "SWIFTSLURM_STACKS_DIR"  # set by the wrapper: where each rank writes its stacks on DUMP_SIGNAL
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _stacks: IO[str] | None = None  # this rank's stack file, open for as long as the process lives
 
 
@@ -60,7 +57,7 @@ def register_stack_dump(environ: Mapping[str, str] = os.environ) -> Path | None:
     # Appended: a trainer restarted in the same attempt keeps the earlier dump. Never closed: faulthandler
     # writes to it for as long as the process lives.
     _stacks = open(path, "a")  # noqa: SIM115
-    faulthandler.register(DUMP_SIGNAL, file=_stacks, all_threads=True)
+    dump_stacks_on_signal(_stacks)
     return path
 
 
@@ -98,8 +95,7 @@ class StopRequest:
         self.requested = False
         self.stopping = False
         self.vote = StopVote()
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._record)
+        install(self._record, RANK_STOP_SIGNALS)
 
     def _record(self, signum: int, frame: Any) -> None:
         self.requested = True  # only recorded: the step in progress finishes, then all ranks vote
@@ -209,7 +205,7 @@ class Committer:
         # Training is over: a save signal that arrives now (SLURM delivers it to each node at its own moment,
         # and the wrapper forwards it) has nothing left to save, but once Python finalises it restores the
         # default action and the signal would kill this rank, failing a run that ended well.
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        ignore_from_now_on((SAVE_SIGNAL,))
         ended = time.time()
         self.wait()
         self.timeline.event(TRAIN_END, started=round(ended, 3))

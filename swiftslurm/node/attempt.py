@@ -16,6 +16,7 @@
     DONE
 
 The leader records the phase it enters in status.json ("phase"); a leader without the lease records nothing.
+Observers named in SWIFTSLURM_PHASE_OBSERVERS (observers.py) are told of each phase as it is entered.
 The wrapper records stop signals for its whole life (supervise.py installs one SignalLog before the first
 phase); the phases consult it, and the leader alone decides what a signal means (conclude.py) and requeues
 (requeue.py).
@@ -36,12 +37,11 @@ from pathlib import Path
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.node import decide, outcome
+from swiftslurm.node import decide, observers, outcome
 from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, record_refusal, stop_after_preflight
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
-from swiftslurm.node.test_hold import hold
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
 from swiftslurm.preflight import checks as preflight_checks
@@ -119,6 +119,10 @@ class Attempt:
         """Whether a stop signal has come that this attempt has not acted on yet."""
         return bool(self.signals.received)
 
+    def entering(self) -> observers.PhaseEntered:
+        """What the phase observers are told as this attempt enters its phase."""
+        return observers.PhaseEntered(self.phase.value, self.id, self.where, self.stopped)
+
 
 def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None = None) -> NodeResult:
     """Step through the phases until the run is done, stopped, or requeued. ``signals``: the wrapper's, already
@@ -128,7 +132,9 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None
             return run(run_dir, plan, where, installed)
     attempt = Attempt(run_dir, plan, where, attempt_id(where), signals, started=time.time(), nonce=lease.nonce(where))
     attempt.entered[Phase.PREPARE.value] = attempt.started
+    watching = observers.load()  # SWIFTSLURM_PHASE_OBSERVERS (observers.py); none unless it is set
     while attempt.phase is not Phase.DONE:
+        observers.notify(watching, attempt.entering())
         attempt.phase = PHASES[attempt.phase](attempt)
         attempt.entered.setdefault(attempt.phase.value, time.time())
         _record_phase(attempt)
@@ -162,7 +168,6 @@ def _prepare(a: Attempt) -> Phase:
         failure = _preflight(a.run_dir, a.where, a.id)
         if failure is not None and a.leader:
             return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure, a.nonce))
-    hold(Phase.PREPARE.value, a.where, a.stopped)
     return Phase.SIGNALLED if a.stopped() else Phase.AGREE_ON_RESUME
 
 
@@ -195,7 +200,6 @@ def _stopped(a: Attempt, why: str) -> Phase:
 
 
 def _agree_on_resume(a: Attempt) -> Phase:
-    hold(Phase.AGREE_ON_RESUME.value, a.where, a.stopped)
     try:
         ranks = reshard_ranks(a.where, a.plan)  # None unless the run may change size
         a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce, a.stopped, ranks)

@@ -14,11 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from swiftslurm.secrets import redact_argv
-from swiftslurm.signals import descendants, send
-
-
-def _ignore_save_signal() -> None:
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+from swiftslurm.signals import descendants, ignore_save_signal, send
 
 
 class Trainer:
@@ -39,7 +35,7 @@ class Trainer:
                 start_new_session=True,
                 # `swift` and torchrun must survive SLURM's USR2 (it kills by default); the workers
                 # install swiftslurm_stop's handler over the inherited "ignore".
-                preexec_fn=_ignore_save_signal,
+                preexec_fn=ignore_save_signal,
             )
         self._forwarded: set[int] = set()  # processes sent the save signal while they had a handler for it
 

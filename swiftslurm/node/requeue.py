@@ -10,6 +10,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide
 from swiftslurm.plan import JobPlan
+from swiftslurm.signals import ignore_from_now_on
 from swiftslurm.slurm_env import SlurmEnv, configured_exclusions
 
 
@@ -30,7 +31,7 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
     """Requeue this job (same id); exclusions and back-off are set on it once it is pending again; then
     raise Requeued."""
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_from_now_on((signal.SIGTERM,))
     job = str(where.job_id)
     try:
         slurm_cli.run(["scontrol", "requeue", job])

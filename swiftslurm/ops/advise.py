@@ -18,7 +18,7 @@ def main(args: list[str]) -> int:
 
     from swiftslurm.cli import mistakes as cli_errors
     from swiftslurm.cli.mistakes import to_config
-    from swiftslurm.errors import SwiftSlurmError
+    from swiftslurm.errors import SwiftSlurmError, report
     from swiftslurm.planning.config import open_dict_overrides, register_configs
     from swiftslurm.planning.memory_plan import advise_table
 
@@ -33,9 +33,7 @@ def main(args: list[str]) -> int:
             cfg = compose("config", overrides=open_dict_overrides(args))
         print(advise_table(to_config(cfg)))
     except (HydraException, OmegaConfBaseException) as err:
-        print(f"swiftslurm: error: {cli_errors.hydra_error_message(err, args)}", file=sys.stderr)
-        return 2
+        return report(cli_errors.hydra_error_message(err, args))
     except SwiftSlurmError as err:
-        print(f"swiftslurm: error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     return 0

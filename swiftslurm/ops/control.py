@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from swiftslurm import slurm as slurm_cli
-from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops.follow import FOLLOW_POLL_S, show_logs
 from swiftslurm.ops.runs import FINAL_STATES, RunFacts, ask_slurm, gather, slurm_job_ids
 from swiftslurm.rundir.jsonio import write_json_atomic
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         for run_dir in dirs:
             print(resume(run_dir, sweep_dir))
     except SwiftSlurmError as err:
-        print(f"swiftslurm: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     return 0
 
 

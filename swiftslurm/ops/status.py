@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops import accounting
 from swiftslurm.ops.ledger import CATEGORIES, LABELS, Ledger
 from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, ask_slurm, gather, slurm_job_ids
@@ -163,9 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-slurm", action="store_true", help="do not ask SLURM: the run directories only")
     args = parser.parse_args(argv)
     if not args.path.exists():
-        print(f"swiftslurm status: {args.path} does not exist", file=sys.stderr)
-        return 2
-    facts, slurm = collect(args.path, use_slurm=not args.no_slurm)
+        return report(f"{args.path} does not exist. HINT: give a run dir, a sweep dir or a folder of run dirs.")
+    try:
+        facts, slurm = collect(args.path, use_slurm=not args.no_slurm)
+    except SwiftSlurmError as err:
+        return report(err)
     if args.plot:
         from swiftslurm.ops.plots import plot_path
 

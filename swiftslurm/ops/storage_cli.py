@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.errors import StorageError, SwiftSlurmError
+from swiftslurm.errors import StorageError, SwiftSlurmError, report
 from swiftslurm.plan import StorageSpec
 from swiftslurm.rundir.layout import plan_file
 from swiftslurm.storage.store import CheckpointStore, MiB, newest_remote_step
@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(CheckpointStore(spec_from_args(args)), args))
     except SwiftSlurmError as err:
-        print(f"swiftslurm: {err}", file=sys.stderr)
-        return 2
+        return report(err)
 
 
 if __name__ == "__main__":

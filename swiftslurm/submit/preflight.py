@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from swiftslurm import errors
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import NodeError, SubmitError, SwiftSlurmError
 from swiftslurm.plan import JobPlan
@@ -116,13 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             job_id, found = submit_and_wait(plan, timeout_s)
             if found is None:
                 log = slurm_log(preflight_dir(run_dir), job_id)
-                print(f"swiftslurm: preflight job {job_id} left no report. Its output ({log}):", file=sys.stderr)
+                code = errors.report(f"preflight job {job_id} left no report. Its output ({log}):")
                 print(_tail(log), file=sys.stderr)
-                return 2
+                return code
             report = found
     except SwiftSlurmError as err:
-        print(f"swiftslurm: error: {err}", file=sys.stderr)
-        return 2
+        return errors.report(err)
     print(pc.render_table(report))
     print(f"report: {preflight_report(run_dir, report.attempt)}")
     return 0 if report.ok else 1

@@ -6,11 +6,11 @@ The sweep directory's records are swiftslurm/rundir/sweepdir.py's.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import RunFailed, SubmitError
 from swiftslurm.rundir.sweepdir import SWEEP_FILE, is_sweep
 
 NAMES_SHOWN = 20  # points a failed submission names in its one line
@@ -18,6 +18,9 @@ HYDRA_RECORD = "multirun.yaml"  # what Hydra writes into the sweep folder before
 # Sweep folders this process started, each with the outermost folder Hydra had to create for it
 # (SweepCallback.on_multirun_start); a sweep refused before any point was planned removes them again.
 _STARTED: list[tuple[Path, Path | None]] = []
+# What a waited-for sweep's end found, for the command line to raise once Hydra returns: Hydra turns an
+# exception raised in a callback into a warning (hydra/_internal/callbacks.py).
+_UNFINISHED: list[RunFailed] = []
 
 
 def discard_unplanned_sweeps() -> None:
@@ -50,19 +53,23 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def report_unsubmitted(err: Exception, not_submitted: list[str], sweep_dir: Path) -> None:
-    """A submission failed: name the points left unsubmitted (the first NAMES_SHOWN of them, and where the rest
-    are) and exit 2. Hydra would turn an exception raised in a sweep into exit 1 with a traceback."""
-    names = ", ".join(not_submitted[:NAMES_SHOWN]) or "none"
-    if len(not_submitted) > NAMES_SHOWN:
-        names += f" and {len(not_submitted) - NAMES_SHOWN} more (recorded `planned` in {sweep_dir / SWEEP_FILE})"
-    print(
-        f"swiftslurm: error: {str(err).rstrip('.')}. Not submitted: {names}. "
+def not_submitted(err: Exception, names: list[str], sweep_dir: Path) -> SubmitError:
+    """The error for a submission that failed: its cause and the points left unsubmitted (the first NAMES_SHOWN
+    of them, and where the rest are)."""
+    shown = ", ".join(names[:NAMES_SHOWN]) or "none"
+    if len(names) > NAMES_SHOWN:
+        shown += f" and {len(names) - NAMES_SHOWN} more (recorded `planned` in {sweep_dir / SWEEP_FILE})"
+    return SubmitError(
+        f"{str(err).rstrip('.')}. Not submitted: {shown}. "
         "HINT: fix the cause and run the same command again: it submits the points not submitted yet "
-        "and leaves the others alone.",
-        file=sys.stderr,
+        "and leaves the others alone."
     )
-    sys.exit(2)
+
+
+def raise_unfinished_sweep() -> None:
+    """Raise what the sweep's end found (RunFailed: a point did not finish), once Hydra has returned."""
+    if _UNFINISHED:
+        raise _UNFINISHED.pop()
 
 
 class SweepCallback:
@@ -89,8 +96,10 @@ class SweepCallback:
 
         facts, slurm = watch_points(path, collect, lambda: time.sleep(self.POLL_S))
         print(render(facts, slurm), flush=True)
-        if any(f.state != "finished" for f in facts):
-            sys.exit(1)
+        unfinished = [f for f in facts if f.state != "finished"]
+        if unfinished:
+            names = ", ".join(f.run_name for f in unfinished[:NAMES_SHOWN])
+            _UNFINISHED.append(RunFailed(f"{len(unfinished)} of {len(facts)} sweep points did not finish: {names}."))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("on_"):  # Hydra calls every hook; only the end of a multirun matters here

@@ -33,7 +33,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from swiftslurm.cli.mistakes import to_config
-from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
+from swiftslurm.errors import ConfigError, RunFailed, SubmitError, SwiftSlurmError
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
 from swiftslurm.plan import JobPlan
 from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning
@@ -41,7 +41,7 @@ from swiftslurm.rundir.jsonio import sync_filesystems
 from swiftslurm.rundir.layout import SUBMITIT
 from swiftslurm.rundir.sweepdir import record_points
 from swiftslurm.submit import jobs as submit
-from swiftslurm.sweep.callback import HYDRA_RECORD, report_unsubmitted
+from swiftslurm.sweep.callback import HYDRA_RECORD, not_submitted
 from swiftslurm.sweep.point_yaml import point_yaml
 from swiftslurm.sweep.workers import Workers, inherited
 
@@ -243,8 +243,8 @@ def write_run_dirs(items: list[Planned]) -> list[None]:
 
 
 def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Override]) -> None:
-    """Compose and plan every point of the sweep, then write, record and submit them; exit 2 naming the points
-    not submitted when a submission fails."""
+    """Compose and plan every point of the sweep, then write, record and submit them. Raises SubmitError naming
+    the points not submitted when a submission fails, RunFailed when a local point failed."""
     sweep = compose_points(context, master, expand(overrides))
     with Workers(sweep, len(sweep.points)) as workers:
         planned = workers.map(plan_points, sweep.points)
@@ -269,7 +269,7 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
     ready_to_submit([item.plan for item in to_submit])
     failed = submit_points(sweep_dir, to_submit)
     if failed:
-        sys.exit(1)
+        raise RunFailed(f"{failed} of {len(to_submit)} local sweep points failed.")
 
 
 def skipped(item: Planned, skips: dict[str, str | None], sweep_dir: Path) -> bool:
@@ -298,8 +298,8 @@ def submit_points(sweep_dir: Path, items: list[Planned]) -> int:
             done.update(item.plan.run_dir for item in members)
         return sum(submit_single(sweep_dir, item, done) for item in singles)
     except SubmitError as err:
-        report_unsubmitted(err, [item.plan.run_name for item in items if item.plan.run_dir not in done], sweep_dir)
-        raise AssertionError("unreachable: report_unsubmitted exits") from err
+        names = [item.plan.run_name for item in items if item.plan.run_dir not in done]
+        raise not_submitted(err, names, sweep_dir) from err
 
 
 def submit_array(sweep_dir: Path, members: list[Planned], parallelism: int) -> None:

@@ -6,8 +6,9 @@ swiftslurm itself records and requeues, and the requeued attempt must train the 
 own handler requeueing behind the wrapper's back (no record: the next attempt calls it lost), nor, under
 `sbatch job.sbatch`, the signal's default action killing the wrapper (the job fails).
 
-The moment is forced, whatever the machine's speed, by a test hook (swiftslurm/node/test_hold.py): the leader
-of the first attempt holds at the start of the phase until a stop signal is recorded, and says so in a file.
+The moment is forced, whatever the machine's speed, by a phase observer of the wrapper
+(tests/integration/hold_plugin.py, named in SWIFTSLURM_PHASE_OBSERVERS): the leader of the first attempt holds at
+the start of the phase until a stop signal is recorded, and says so in a file.
 
 After training, the leader waits (bounded) for its uploads: a signal then must cut that wait to what SLURM's
 end time allows, so that the wrapper ends and records the storage state before SLURM kills it.
@@ -24,13 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.node.test_hold import HOLD_MARKER, HOLD_PHASE
+from swiftslurm.node.observers import OBSERVERS_ENV
 from tests.integration.conftest import attempts, job_state, status, submit, swiftslurm, wait_for_job, wait_until
+from tests.integration.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
 from tests.s3server import FaultProxy, Faults, SeaweedServer, use_test_credentials, weed_binary
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = ("swift.max_steps=20", "swift.save_steps=10")
-HOLD_WAIT_S = 300  # submission, scheduling and the preflight before the leader holds
+HOLD_WAIT_S = 300  # submission, scheduling (and, before agree_on_resume, the preflight) before the leader holds
 BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # scripts/slurm-local.sh's bridge
 BUCKET = "swiftslurm-signals"
 KILL_MARGIN_S = 30  # attempt.KILL_MARGIN_S: the drain ends this long before SLURM's end time
@@ -52,7 +54,8 @@ def test_a_signal_before_training_is_recorded_and_requeued_by_swiftslurm(
     tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch, entry: str, phase: str
 ) -> None:
     held = tmp_path / "held"
-    monkeypatch.setenv(HOLD_PHASE, phase)  # the job inherits the submitting environment
+    monkeypatch.setenv(OBSERVERS_ENV, str(PLUGIN))  # the job inherits the submitting environment
+    monkeypatch.setenv(HOLD_PHASE, phase)
     monkeypatch.setenv(HOLD_MARKER, str(held))
     run_dir = tmp_path / "run"
     job = submit(run_dir, *STEPS) if entry == "submitit" else sbatch_job(run_dir)

@@ -179,11 +179,12 @@ def test_a_sweep_recorded_before_sweep_jsonl_is_still_read(tmp_path: Path) -> No
 def test_a_failed_submission_names_at_most_a_screenful_of_points(
     count: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from swiftslurm.sweep.callback import report_unsubmitted
+    from swiftslurm.errors import report
+    from swiftslurm.sweep.callback import not_submitted
 
     names = [f"run-{i}" for i in range(count)]
-    with pytest.raises(SystemExit) as stop:
-        report_unsubmitted(RuntimeError("sbatch: error: Batch job submission failed."), names, Path("/s"))
+    with pytest.raises(SystemExit) as stop:  # as the command line ends on it (__main__.compose_and_run)
+        sys.exit(report(not_submitted(RuntimeError("sbatch: error: Batch job submission failed."), names, Path("/s"))))
     assert stop.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("swiftslurm: error: sbatch: error: Batch job submission failed. Not submitted: ")
