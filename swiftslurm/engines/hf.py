@@ -16,6 +16,8 @@ from swiftslurm.errors import NodeError
 
 class HfTrainerEngine(Engine):
     launcher = "swift"
+    title = "the Hugging Face Trainer"
+    strategy_engines = ("ddp", "deepspeed", "fsdp")
     plugin = ENGINES_DIR / "swift_plugin.py"
     callbacks = ("swiftslurm_stop", "swiftslurm_commit")
     # ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less a step).
