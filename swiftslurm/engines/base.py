@@ -75,6 +75,10 @@ class Engine:
         """The planned batch in this engine's arguments."""
         return {"per_device_train_batch_size": batch.micro, "gradient_accumulation_steps": batch.grad_accum}
 
+    def cpu_args(self, strategy_engine: str) -> dict[str, Any]:
+        """Arguments for training on CPUs (`cluster.gpus_per_node=0`) with ``strategy_engine``."""
+        return {}
+
     def parallel_args(self, par: Parallelism) -> dict[str, Any]:
         """Model-parallel degrees in this engine's arguments (none: the engine has no model parallelism)."""
         return {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from swiftslurm.engines.base import Engine
 from swiftslurm.engines.hf import HfTrainerEngine
 from swiftslurm.engines.megatron import MegatronEngine
+from swiftslurm.errors import ConfigError, did_you_mean, one_of
 
 ENGINES: dict[str, Engine] = {e.launcher: e for e in (HfTrainerEngine(), MegatronEngine())}
 BY_STRATEGY_ENGINE: dict[str, Engine] = {name: e for e in ENGINES.values() for name in e.strategy_engines}
@@ -24,8 +25,11 @@ def engine_for(launcher: str) -> Engine:
 
 
 def engine_for_strategy(strategy_engine: str) -> Engine:
-    """The adapter that runs ``strategy_engine`` (`strategy.engine`, checked by validate.check_choices)."""
+    """The adapter that runs ``strategy_engine`` (`strategy.engine`)."""
     try:
         return BY_STRATEGY_ENGINE[strategy_engine]
     except KeyError:
-        raise ValueError(f"no engine adapter runs strategy.engine={strategy_engine!r}") from None
+        raise ConfigError(
+            f"strategy.engine={strategy_engine!r} is not known.{did_you_mean(strategy_engine, STRATEGY_ENGINES)} "
+            f"{one_of(STRATEGY_ENGINES)}"
+        ) from None

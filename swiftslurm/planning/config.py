@@ -126,11 +126,13 @@ class TaskConfig:
     """What kind of training (group ``task/``)."""
 
     name: str = doc(MISSING, "Short name used in run names, e.g. `sft`.")
-    command: str = doc("sft", "Subcommand: `sft`, `pt` or `rlhf` (of `swift` or `megatron`, as `strategy.engine` says).")
+    command: str = doc(
+        "sft", "Subcommand: `sft`, `pt` or `rlhf` (of `swift`, or of `megatron` with strategy=megatron)."
+    )
     needs_engine: str | None = doc(
         None,
-        "The `strategy.engine` this task is written for, checked, never read (the Megatron tasks: `megatron`); "
-        "null = any.",
+        "The `strategy.engine` this task is written for (the Megatron tasks: `megatron`), so another strategy is "
+        "refused; null = any. Which program runs follows `strategy.engine` alone.",
     )
     rlhf_type: str | None = doc(None, "For `rlhf`: dpo, grpo, kto, ... (ms-swift `--rlhf_type`).")
     vllm_mode: str | None = doc(None, "GRPO rollouts with vLLM: `colocate` (on the training GPUs) or `server`.")

@@ -17,7 +17,6 @@ from swiftslurm.engines.base import as_list
 from swiftslurm.engines.registry import engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import (
-    DEEPSPEED_CPU_PATCH,
     PORT_SPAN,
     BatchPlan,
     JobPlan,
@@ -237,10 +236,7 @@ def _swift_args(
     }
     args |= engine.default_args(cfg.seed)
     if topo.gpus_per_node == 0:
-        # Without use_cpu every CPU rank silently trains its own copy (parallel_mode != DISTRIBUTED).
-        args |= {"use_cpu": True, "fp16": False, "bf16": False}
-        if cfg.strategy.engine == "deepspeed":
-            args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
+        args |= engine.cpu_args(cfg.strategy.engine)
     for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
         args |= dict(extra)
     # What the engine needs to save on SLURM's signal and commit every checkpoint (swiftslurm's plugin),

@@ -177,9 +177,9 @@ def check_env_names(env: Mapping[str, Any]) -> None:
 
 def check_choices(cfg: Config) -> None:
     """Enumerated fields, and combinations of group choices that cannot work."""
-    _choice("strategy.engine", cfg.strategy.engine, STRATEGY_ENGINES)
+    engine = engine_for_strategy(cfg.strategy.engine)  # refuses an unknown one
     _choice("cluster.scheduler", cfg.cluster.scheduler, SCHEDULERS)
-    _choice("task.command", cfg.task.command, engine_for_strategy(cfg.strategy.engine).commands)
+    _choice("task.command", cfg.task.command, engine.commands)
     check_positive("cluster.nodes", cfg.cluster.nodes)
     check_positive("cluster.cpu_procs_per_node", cfg.cluster.cpu_procs_per_node)
     if cfg.task.vllm_mode is not None:
