@@ -20,7 +20,7 @@ from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism, Topology
-    from swiftslurm.planning.config import Config
+    from swiftslurm.planning.config import Config, StrategyConfig
 
 SCHEDULERS = ("local", "slurm")
 VLLM_MODES = ("colocate", "server")
@@ -185,6 +185,7 @@ def check_choices(cfg: Config) -> None:
     if cfg.task.vllm_mode is not None:
         _choice("task.vllm_mode", cfg.task.vllm_mode, VLLM_MODES)
     _check_task_fits_engine(cfg)
+    _check_one_sharding(cfg.strategy)
     _check_storage(cfg)
     _check_no_secrets(cfg)
     if cfg.array_parallelism < 0:
@@ -209,18 +210,20 @@ def check_choices(cfg: Config) -> None:
 def _check_task_fits_engine(cfg: Config) -> None:
     """A task written for one engine (task.needs_engine) runs only with a strategy of that engine."""
     needs = cfg.task.needs_engine
-    if needs is not None:
-        _choice("task.needs_engine", needs, STRATEGY_ENGINES)
-    if needs is not None and needs != cfg.strategy.engine:
-        program = f"{engine_for_strategy(needs).launcher} {cfg.task.command}"
+    if needs is None or needs == cfg.strategy.engine:
+        return
+    _choice("task.needs_engine", needs, STRATEGY_ENGINES)
+    raise ConfigError(
+        f"task={cfg.task.name} runs `{engine_for_strategy(needs).launcher} {cfg.task.command}`, which needs "
+        f"strategy={needs} (got strategy={cfg.strategy.name}, engine {cfg.strategy.engine}). HINT: add "
+        f"strategy={needs}, or use task={cfg.task.command}."
+    )
+
+
+def _check_one_sharding(strategy: StrategyConfig) -> None:
+    if strategy.deepspeed and strategy.fsdp:
         raise ConfigError(
-            f"task={cfg.task.name} runs `{program}`, which needs strategy={needs} (got strategy="
-            f"{cfg.strategy.name}, engine {cfg.strategy.engine}). HINT: add strategy={needs}, or use "
-            f"task={cfg.task.command}."
-        )
-    if cfg.strategy.deepspeed and cfg.strategy.fsdp:
-        raise ConfigError(
-            f"strategy sets both deepspeed={cfg.strategy.deepspeed} and fsdp={cfg.strategy.fsdp}; "
+            f"strategy sets both deepspeed={strategy.deepspeed} and fsdp={strategy.fsdp}; "
             "they cannot be combined. HINT: set strategy.fsdp=null or strategy.deepspeed=null."
         )
 
