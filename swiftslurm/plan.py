@@ -23,7 +23,6 @@ PLAN_VERSION = 2  # 2: the package regroup (plugin paths under swiftslurm/engine
 IDENTITY_CHARS = 16  # hex digits of a plan's identity: enough to tell runs apart, short enough to read
 PORT_SPAN = 20000  # master ports are base + job id mod PORT_SPAN
 # DeepSpeed's ZeRO stages do not train over gloo (CPU) without it; a no-op where CUDA exists.
-DEEPSPEED_CPU_PATCH = Path(__file__).resolve().parent / "data" / "deepspeed_cpu_patch.py"
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,18 @@ def suggest_key(key: str) -> str | None:
     return None
 
 
+# Settings that are gone, with where their meaning lives now (a config or command line written before still names them).
+RETIRED = {
+    "task.launcher": (
+        "the program follows strategy.engine (strategy=megatron runs `megatron`, the others `swift`). HINT: drop "
+        "task.launcher (also from your own conf/task/*.yaml) and choose the engine with strategy=NAME"
+    ),
+}
+
+
 def unknown_key_message(key: str) -> str:
+    if key in RETIRED:
+        return f"{key} is no longer a setting: {RETIRED[key]}."
     guess = suggest_key(key)
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     schema = _schema_at(parent.split(".")) if parent else Config

@@ -41,7 +41,17 @@ class ProgressSource:
 class Engine:
     """The adapter protocol, with what the engines share. Subclasses fill in the differences."""
 
-    launcher: str = ""
+    launcher: str = ""  # the program (`swift`, `megatron`): plan.launcher, the key the node side finds us by
+    title: str = ""  # the engine's name for people, in messages
+    # The `strategy.engine` values this adapter runs: the one statement of the engine in the configuration,
+    # from which the program follows (registry.engine_for_strategy).
+    strategy_engines: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ("sft", "pt", "rlhf")  # `task.command` values the program has
+    needs_gpus: bool = False  # no CPU training
+    has_model_parallelism: bool = False  # tensor, pipeline, context and expert degrees (`strategy.tp`, ...)
+    # The ms-swift argument that recomputes activations in backward (its default: on), which the memory
+    # estimate follows; None: the estimate keeps every layer's activations.
+    gradient_checkpointing_arg: str | None = "gradient_checkpointing"
     plugin: Path = ENGINES_DIR  # the file every rank imports (`--external_plugins`): commit and stop hooks
     callbacks: tuple[str, ...] = ()  # the callbacks that plugin registers, added to `--callbacks`
     replaced_callbacks: tuple[str, ...] = ()  # the engine's own callbacks ours replace (removed if asked for)
@@ -64,6 +74,10 @@ class Engine:
     def batch_args(self, batch: BatchPlan) -> dict[str, Any]:
         """The planned batch in this engine's arguments."""
         return {"per_device_train_batch_size": batch.micro, "gradient_accumulation_steps": batch.grad_accum}
+
+    def cpu_args(self, strategy_engine: str) -> dict[str, Any]:
+        """Arguments for training on CPUs (`cluster.gpus_per_node=0`) with ``strategy_engine``."""
+        return {}
 
     def parallel_args(self, par: Parallelism) -> dict[str, Any]:
         """Model-parallel degrees in this engine's arguments (none: the engine has no model parallelism)."""

@@ -13,9 +13,14 @@ from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_va
 from swiftslurm.engines.progress import finished_steps
 from swiftslurm.errors import NodeError
 
+# The ms-swift plugin that makes DeepSpeed ZeRO train on CPU ranks (gloo).
+DEEPSPEED_CPU_PATCH = ENGINES_DIR.parent / "data" / "deepspeed_cpu_patch.py"
+
 
 class HfTrainerEngine(Engine):
     launcher = "swift"
+    title = "the Hugging Face Trainer"
+    strategy_engines = ("ddp", "deepspeed", "fsdp")
     plugin = ENGINES_DIR / "swift_plugin.py"
     callbacks = ("swiftslurm_stop", "swiftslurm_commit")
     # ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less a step).
@@ -31,6 +36,13 @@ class HfTrainerEngine(Engine):
     def default_args(self, seed: int) -> dict[str, Any]:
         # data_seed: the data order after a resume is the one an uninterrupted run would have seen.
         return {"data_seed": seed}
+
+    def cpu_args(self, strategy_engine: str) -> dict[str, Any]:
+        # Without use_cpu every CPU rank silently trains its own copy (parallel_mode != DISTRIBUTED).
+        args: dict[str, Any] = {"use_cpu": True, "fp16": False, "bf16": False}
+        if strategy_engine == "deepspeed":
+            args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
+        return args
 
     def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
         # Without torchrun's RANK/WORLD_SIZE/MASTER_ADDR, DeepSpeed's init_distributed looks for them through

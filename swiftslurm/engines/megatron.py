@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 
 class MegatronEngine(Engine):
     launcher = "megatron"
+    title = "Megatron"
+    strategy_engines = ("megatron",)
+    needs_gpus = True
+    has_model_parallelism = True
+    # Megatron recomputes by its own settings (recompute_granularity): the estimate keeps every layer's activations.
+    gradient_checkpointing_arg = None
     plugin = ENGINES_DIR / "megatron_plugin.py"
     callbacks = ("swiftslurm_megatron_stop", "swiftslurm_megatron_commit")
     torchrun_for_one_process = True
@@ -51,9 +57,9 @@ class MegatronEngine(Engine):
     def refusal(self, args: Mapping[str, Any]) -> str | None:
         if args.get("vllm_mode"):
             return (
-                f"task.vllm_mode={args['vllm_mode']} with `megatron`: swiftslurm does not combine vLLM rollouts "
-                "with Megatron (untested: which processes catch the stop signal). "
-                "HINT: use task=grpo with strategy=zero3 (or zero2/fsdp2)."
+                f"task.vllm_mode={args['vllm_mode']}: strategy=megatron needs a Megatron task without vLLM, as "
+                "swiftslurm does not combine vLLM rollouts with Megatron (untested: which processes catch the stop "
+                "signal). HINT: use task=grpo with strategy=zero3 (or zero2/fsdp2), or task=megatron_sft."
             )
         if _true(args.get("async_save")):
             return (

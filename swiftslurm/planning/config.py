@@ -44,7 +44,9 @@ class StrategyConfig:
 
     name: str = doc(MISSING, "Short name used in run names, e.g. `zero3`.")
     engine: str = doc(
-        "ddp", "Parallel engine: `ddp`, `deepspeed`, `fsdp` (PyTorch FSDP2) or `megatron` (Megatron-SWIFT)."
+        "ddp",
+        "Parallel engine: `ddp`, `deepspeed`, `fsdp` (PyTorch FSDP2) or `megatron` (Megatron-SWIFT). The program "
+        "follows from it: `megatron` runs `megatron <command>`, the others `swift <command>`.",
     )
     deepspeed: str | None = doc(None, "ms-swift `--deepspeed` preset: zero0..zero3, zero2_offload, zero3_offload.")
     fsdp: str | None = doc(None, "ms-swift `--fsdp` preset (e.g. `fsdp2`).")
@@ -124,8 +126,14 @@ class TaskConfig:
     """What kind of training (group ``task/``)."""
 
     name: str = doc(MISSING, "Short name used in run names, e.g. `sft`.")
-    launcher: str = doc("swift", "Command family: `swift` or `megatron`.")
-    command: str = doc("sft", "Subcommand: `sft`, `pt` or `rlhf`.")
+    command: str = doc(
+        "sft", "Subcommand: `sft`, `pt` or `rlhf` (of `swift`, or of `megatron` with strategy=megatron)."
+    )
+    needs_engine: str | None = doc(
+        None,
+        "The `strategy.engine` this task is written for (the Megatron tasks: `megatron`), so another strategy is "
+        "refused; null = any. Which program runs follows `strategy.engine` alone.",
+    )
     rlhf_type: str | None = doc(None, "For `rlhf`: dpo, grpo, kto, ... (ms-swift `--rlhf_type`).")
     vllm_mode: str | None = doc(None, "GRPO rollouts with vLLM: `colocate` (on the training GPUs) or `server`.")
     vllm_server_host: str | None = doc(None, "For `vllm_mode=server`: host running `swift rollout`.")

@@ -14,10 +14,9 @@ from typing import Any
 
 from swiftslurm import tiny
 from swiftslurm.engines.base import as_list
-from swiftslurm.engines.registry import engine_for
+from swiftslurm.engines.registry import engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import (
-    DEEPSPEED_CPU_PATCH,
     PORT_SPAN,
     BatchPlan,
     JobPlan,
@@ -66,6 +65,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     validate.check_swift_args(cfg, swift_args)
     memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
     validate.check_shrink(cfg, topology, parallel, batch, swift_args)
+    launcher = engine_for_strategy(cfg.strategy.engine).launcher
     return JobPlan(
         run_name=run_name,
         run_dir=str(run_dir),
@@ -73,9 +73,9 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         topology=topology,
         parallel=parallel,
         batch=batch,
-        launcher=cfg.task.launcher,
+        launcher=launcher,
         command=cfg.task.command,
-        executable=str(Path(python).parent / cfg.task.launcher),
+        executable=str(Path(python).parent / launcher),
         python=python,
         swift_argv=tuple(_to_argv(swift_args)),
         env=tuple(sorted(_node_env(cfg).items())),
@@ -219,7 +219,7 @@ def _swift_args(
     ctx: PlanContext,
 ) -> dict[str, Any]:
     """Merge ms-swift arguments: derived < strategy < task < model < cluster < the user's `swift.*`."""
-    engine = engine_for(cfg.task.launcher)
+    engine = engine_for_strategy(cfg.strategy.engine)
     validate.check_not_managed(cfg.swift, engine.managed_args)
     for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
         validate.check_not_planned(extra)
@@ -236,10 +236,7 @@ def _swift_args(
     }
     args |= engine.default_args(cfg.seed)
     if topo.gpus_per_node == 0:
-        # Without use_cpu every CPU rank silently trains its own copy (parallel_mode != DISTRIBUTED).
-        args |= {"use_cpu": True, "fp16": False, "bf16": False}
-        if cfg.strategy.engine == "deepspeed":
-            args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
+        args |= engine.cpu_args(cfg.strategy.engine)
     for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift):
         args |= dict(extra)
     # What the engine needs to save on SLURM's signal and commit every checkpoint (swiftslurm's plugin),
@@ -257,7 +254,7 @@ def _engine_args(cfg: Config, par: Parallelism) -> dict[str, Any]:
         "fsdp": strategy.fsdp,
         "quant_bits": strategy.quant_bits,
     }
-    return args | engine_for(cfg.task.launcher).parallel_args(par)
+    return args | engine_for_strategy(cfg.strategy.engine).parallel_args(par)
 
 
 def _task_args(cfg: Config) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Nothing here imports torch, Hydra or ms-swift.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ class ModelShape:
 class Setup:
     """What of a plan sizes its memory: strategy, sharding degrees, batch shape, tuner."""
 
-    engine: str  # ddp | deepspeed | fsdp | megatron
+    engine: str  # `strategy.engine`: ddp | deepspeed | fsdp | megatron (the key of MODEL_STATES)
     deepspeed: str | None = None  # zero0..zero3, zero2_offload, zero3_offload
     full: bool = False  # full fine-tune (else LoRA)
     lora_rank: int = 8
@@ -128,7 +129,7 @@ class Setup:
     sequence_parallel: bool = False
     micro_batch: int = 1
     max_length: int = DEFAULT_MAX_LENGTH
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = True  # recompute in backward (the adapter says whether the engine does)
     weight_bytes: int = 2  # bf16; 4 for float32 models
     world_size: int = 1
 
@@ -161,20 +162,36 @@ class Estimate:
 # ------------------------------------------------------------------------------------------ model states
 
 
-def model_states(shape: ModelShape, s: Setup) -> tuple[float, float, float, float]:
+States = tuple[float, float, float, float]  # (weights, gradients, optimizer, step) bytes per GPU
+
+
+def model_states(shape: ModelShape, s: Setup) -> States:
     """(weights, gradients, optimizer, step) bytes per GPU; `step` is what exists only from backward to the
     optimizer step (gradients, fp32 gradient partitions, Adam's temporaries), part of `gradients`."""
-    p = shape.params()
-    if s.engine == "megatron":
-        return _megatron_states(shape, s)
-    weights = _weight_bytes(shape, s)
-    n = s.data_parallel
-    if not s.full:  # LoRA: the base is frozen; adapters are fp32 with fp32 grads and Adam moments
-        lora = shape.lora_params(s.lora_rank)
-        if s.deepspeed in ("zero3", "zero3_offload"):
-            weights = weights / n if s.deepspeed == "zero3" else 2 * _largest_layer(shape)
-        return weights + 4 * lora, 4 * lora, 8 * lora, 4 * lora
-    zero = s.deepspeed if s.engine == "deepspeed" else None
+    return MODEL_STATES[s.engine](shape, s)
+
+
+def _lora_states(shape: ModelShape, s: Setup) -> States:
+    """LoRA in the HF Trainer family: the base is frozen; adapters are fp32 with fp32 grads and Adam moments."""
+    weights, lora, n = _weight_bytes(shape, s), shape.lora_params(s.lora_rank), s.data_parallel
+    if s.deepspeed in ("zero3", "zero3_offload"):
+        weights = weights / n if s.deepspeed == "zero3" else 2 * _largest_layer(shape)
+    return weights + 4 * lora, 4 * lora, 8 * lora, 4 * lora
+
+
+def _replica_states(shape: ModelShape, s: Setup) -> States:
+    """DDP: Transformers' AdamW on the model's own dtype, a full replica per rank."""
+    if not s.full:
+        return _lora_states(shape, s)
+    p, b = shape.params(), s.weight_bytes
+    return b * p, b * p, 2 * b * p, b * p
+
+
+def _zero_states(shape: ModelShape, s: Setup) -> States:
+    """DeepSpeed ZeRO: bf16 weights, fp32 master weights, moments and gradient partitions over the ranks."""
+    if not s.full:
+        return _lora_states(shape, s)
+    p, n, zero = shape.params(), s.data_parallel, s.deepspeed
     if zero in ("zero2", "zero2_offload"):
         optim = 0.0 if zero == "zero2_offload" else 12 * p / n  # fp32 master + 2 moments, partitioned
         grads = 8 * p / n  # bf16 and fp32 gradient partitions, step buffers (DeepSpeed's estimate: 6 of these 8)
@@ -184,12 +201,17 @@ def model_states(shape: ModelShape, s: Setup) -> tuple[float, float, float, floa
         return 2 * p / n + 4 * _largest_layer(shape), grads, 12 * p / n, grads  # two layers gathered (DeepSpeed: 4 B)
     if zero == "zero3_offload":  # on the GPU: fetched layers, buckets (~1.2 B/param fitted on one GPU)
         return 1.2 * p / n + 2 * _largest_layer(shape), 0.0, 0.0, 0.0
-    if s.engine == "fsdp":  # fp32 sharded weights, gradients and moments; one layer unsharded in bf16
-        return 4 * p / n + 2 * _largest_layer(shape), 4 * p / n, 8 * p / n, 4 * p / n
-    b = s.weight_bytes  # DDP / zero0 / zero1: Transformers' AdamW on the model's own dtype
     if zero == "zero1":
         return 2 * p, 2 * p, 12 * p / n, 2 * p
-    return b * p, b * p, 2 * b * p, b * p
+    return _replica_states(shape, s)  # zero0: DDP's states
+
+
+def _fsdp_states(shape: ModelShape, s: Setup) -> States:
+    """FSDP2: fp32 sharded weights, gradients and moments; one layer unsharded in bf16."""
+    if not s.full:
+        return _lora_states(shape, s)
+    p, n = shape.params(), s.data_parallel
+    return 4 * p / n + 2 * _largest_layer(shape), 4 * p / n, 8 * p / n, 4 * p / n
 
 
 def _weight_bytes(shape: ModelShape, s: Setup) -> float:
@@ -204,7 +226,7 @@ def _largest_layer(shape: ModelShape) -> float:
     return float(max(shape.layer_params(), shape.vocab * shape.hidden))
 
 
-def _megatron_states(shape: ModelShape, s: Setup) -> tuple[float, float, float, float]:
+def _megatron_states(shape: ModelShape, s: Setup) -> States:
     """Megatron: bf16 weights and fp32 main gradients split over TP × PP (experts over EP too); the
     distributed optimizer shards fp32 master weights and moments over the data-parallel ranks as well."""
     experts = shape.expert_params()
@@ -216,6 +238,17 @@ def _megatron_states(shape: ModelShape, s: Setup) -> tuple[float, float, float, 
     return 2 * p, 4 * p, 12 * p / s.data_parallel, 4 * p
 
 
+# Each `strategy.engine`'s model states; an engine without an entry has no estimate written for it yet.
+MODEL_STATES: dict[str, Callable[[ModelShape, Setup], States]] = {
+    "ddp": _replica_states,
+    "deepspeed": _zero_states,
+    "fsdp": _fsdp_states,
+    "megatron": _megatron_states,
+}
+# Each `strategy.engine`'s ranks that shard weights or optimizer states (Setup.data_parallel): DDP replicates.
+SHARDS_STATES = {"ddp": False, "deepspeed": True, "fsdp": True, "megatron": True}
+
+
 # ------------------------------------------------------------------------------------------ activations
 
 
@@ -225,14 +258,12 @@ def activations(shape: ModelShape, s: Setup) -> float:
     the logits (bf16, their fp32 copy and its gradient) are large for Qwen's 152k vocabulary."""
     tokens = s.micro_batch * s.max_length / s.cp
     per_layer = shape.activation_bytes_per_token(lora=not s.full) * tokens
-    layers = shape.layers / s.pp
-    if s.engine == "megatron":
+    if s.tp > 1:  # tensor parallelism shards what a layer keeps; sequence parallelism its norms and dropouts too
         per_layer /= s.tp if s.sequence_parallel else 1 + (s.tp - 1) * 0.8 / s.tp
-        layers = shape.layers  # 1F1B: the first stage holds pp micro batches of layers/pp layers each
-    if s.gradient_checkpointing and s.engine != "megatron":
+    layers = shape.layers  # 1F1B: the first stage holds pp micro batches of layers/pp layers each
+    kept = layers * per_layer
+    if s.gradient_checkpointing:
         kept = layers * 2 * shape.hidden * tokens + 1.5 * per_layer
-    else:
-        kept = layers * per_layer
     logits = tokens * shape.vocab * 10 / s.tp
     return kept + logits
 

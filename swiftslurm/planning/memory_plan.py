@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import tiny
+from swiftslurm.engines.registry import engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.planning import memory
 from swiftslurm.planning.memory import GIB, Estimate, ModelShape, Setup
@@ -60,7 +61,8 @@ def setup_of(cfg: Config, nodes: int | None = None) -> Setup:
     deepspeed = str(s.deepspeed) if s.deepspeed else None
     if deepspeed and deepspeed.endswith(".json"):  # a config file: its name tells the stage, as ms-swift's presets
         deepspeed = "zero3_offload" if "zero3" in deepspeed and "offload" in deepspeed else deepspeed
-    model_parallel = s.tp * s.pp * s.cp if s.engine == "megatron" else 1
+    engine = engine_for_strategy(s.engine)
+    model_parallel = s.tp * s.pp * s.cp if engine.has_model_parallelism else 1
     dtype = str(swift_value(cfg, "torch_dtype", "bfloat16"))
     return Setup(
         engine=s.engine,
@@ -68,7 +70,7 @@ def setup_of(cfg: Config, nodes: int | None = None) -> Setup:
         full=s.tuner_type == "full",
         lora_rank=int(swift_value(cfg, "lora_rank", 8)),
         quant_bits=s.quant_bits,
-        data_parallel=max(world // model_parallel, 1) if s.engine != "ddp" else 1,
+        data_parallel=max(world // model_parallel, 1) if memory.SHARDS_STATES[s.engine] else 1,
         tp=s.tp,
         pp=s.pp,
         ep=s.ep,
@@ -76,10 +78,17 @@ def setup_of(cfg: Config, nodes: int | None = None) -> Setup:
         sequence_parallel=s.sequence_parallel,
         micro_batch=cfg.micro_batch_size,
         max_length=int(swift_value(cfg, "max_length", memory.DEFAULT_MAX_LENGTH)),
-        gradient_checkpointing=_flag(swift_value(cfg, "gradient_checkpointing", True)),
+        gradient_checkpointing=_recomputes(cfg, s.engine),
         weight_bytes=4 if dtype in ("float32", "fp32") else 2,
         world_size=world,
     )
+
+
+def _recomputes(cfg: Config, strategy_engine: str) -> bool:
+    """Whether ``strategy_engine`` recomputes activations in backward under this config (the adapter names the
+    ms-swift argument that says so, on by default; an engine without one keeps them all)."""
+    arg = engine_for_strategy(strategy_engine).gradient_checkpointing_arg
+    return arg is not None and _flag(swift_value(cfg, arg, True))
 
 
 def shape_of(cfg: Config) -> ModelShape | None:
@@ -98,7 +107,7 @@ def options(cfg: Config, shape: ModelShape) -> list[Option]:
             continue  # QLoRA trains adapters only
         if changes.get("tp", 1) * changes.get("pp", 1) > base.world_size:
             continue
-        setup = _candidate(base, changes)
+        setup = _candidate(cfg, base, changes)
         text = f"{override} strategy.tuner_type={tuner}" if not changes.get("quant_bits") else override
         est = memory.estimate(shape, setup)
         found.append(Option(text, est, est.total <= gpu))
@@ -106,12 +115,12 @@ def options(cfg: Config, shape: ModelShape) -> list[Option]:
     return fitting + sorted((o for o in found if not o.fits), key=lambda o: o.estimate.total)
 
 
-def _candidate(base: Setup, changes: dict[str, Any]) -> Setup:
+def _candidate(cfg: Config, base: Setup, changes: dict[str, Any]) -> Setup:
     reset = {"deepspeed": None, "quant_bits": None, "tp": 1, "pp": 1, "ep": 1, "cp": 1}
     setup = replace(base, **(reset | changes))
     model_parallel = setup.tp * setup.pp
-    dp = base.world_size // model_parallel if setup.engine != "ddp" else 1
-    return replace(setup, data_parallel=max(dp, 1))
+    dp = base.world_size // model_parallel if memory.SHARDS_STATES[setup.engine] else 1
+    return replace(setup, data_parallel=max(dp, 1), gradient_checkpointing=_recomputes(cfg, setup.engine))
 
 
 def _describe(est: Estimate, gpu_gib: float | None) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import secrets
+from swiftslurm.engines.registry import STRATEGY_ENGINES, engine_for_strategy
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.plan import BACKGROUND_PRIORITIES
 from swiftslurm.planning import memory_plan
@@ -19,12 +20,9 @@ from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism, Topology
-    from swiftslurm.planning.config import Config
+    from swiftslurm.planning.config import Config, StrategyConfig
 
-ENGINES = ("ddp", "deepspeed", "fsdp", "megatron")
 SCHEDULERS = ("local", "slurm")
-LAUNCHERS = ("swift", "megatron")
-COMMANDS = {"swift": ("sft", "pt", "rlhf"), "megatron": ("sft", "pt", "rlhf")}
 VLLM_MODES = ("colocate", "server")
 MAX_PORT = 65535
 S3_MIN_PART_MB = 5  # S3's smallest multipart part (every part but the last)
@@ -179,15 +177,15 @@ def check_env_names(env: Mapping[str, Any]) -> None:
 
 def check_choices(cfg: Config) -> None:
     """Enumerated fields, and combinations of group choices that cannot work."""
-    _choice("strategy.engine", cfg.strategy.engine, ENGINES)
+    engine = engine_for_strategy(cfg.strategy.engine)  # refuses an unknown one
     _choice("cluster.scheduler", cfg.cluster.scheduler, SCHEDULERS)
-    _choice("task.launcher", cfg.task.launcher, LAUNCHERS)
-    _choice("task.command", cfg.task.command, COMMANDS[cfg.task.launcher])
+    _choice("task.command", cfg.task.command, engine.commands)
     check_positive("cluster.nodes", cfg.cluster.nodes)
     check_positive("cluster.cpu_procs_per_node", cfg.cluster.cpu_procs_per_node)
     if cfg.task.vllm_mode is not None:
         _choice("task.vllm_mode", cfg.task.vllm_mode, VLLM_MODES)
-    _check_launcher_matches_engine(cfg)
+    _check_task_fits_engine(cfg)
+    _check_one_sharding(cfg.strategy)
     _check_storage(cfg)
     _check_no_secrets(cfg)
     if cfg.array_parallelism < 0:
@@ -209,22 +207,23 @@ def check_choices(cfg: Config) -> None:
         )
 
 
-def _check_launcher_matches_engine(cfg: Config) -> None:
-    megatron_task = cfg.task.launcher == "megatron"
-    megatron_strategy = cfg.strategy.engine == "megatron"
-    if megatron_task and not megatron_strategy:
+def _check_task_fits_engine(cfg: Config) -> None:
+    """A task written for one engine (task.needs_engine) runs only with a strategy of that engine."""
+    needs = cfg.task.needs_engine
+    if needs is None or needs == cfg.strategy.engine:
+        return
+    _choice("task.needs_engine", needs, STRATEGY_ENGINES)
+    raise ConfigError(
+        f"task={cfg.task.name} runs `{engine_for_strategy(needs).launcher} {cfg.task.command}`, which needs "
+        f"strategy={needs} (got strategy={cfg.strategy.name}, engine {cfg.strategy.engine}). HINT: add "
+        f"strategy={needs}, or use task={cfg.task.command}."
+    )
+
+
+def _check_one_sharding(strategy: StrategyConfig) -> None:
+    if strategy.deepspeed and strategy.fsdp:
         raise ConfigError(
-            f"task={cfg.task.name} runs `megatron {cfg.task.command}`, which needs strategy=megatron "
-            f"(got strategy={cfg.strategy.name}). HINT: add strategy=megatron, or use task={cfg.task.command}."
-        )
-    if megatron_strategy and not megatron_task:
-        raise ConfigError(
-            f"strategy=megatron needs a Megatron task (got task={cfg.task.name}, which runs `swift`). "
-            f"HINT: use task=megatron_{cfg.task.command} or another strategy (zero3, fsdp2, ...)."
-        )
-    if cfg.strategy.deepspeed and cfg.strategy.fsdp:
-        raise ConfigError(
-            f"strategy sets both deepspeed={cfg.strategy.deepspeed} and fsdp={cfg.strategy.fsdp}; "
+            f"strategy sets both deepspeed={strategy.deepspeed} and fsdp={strategy.fsdp}; "
             "they cannot be combined. HINT: set strategy.fsdp=null or strategy.deepspeed=null."
         )
 
@@ -278,8 +277,8 @@ def _check_needs_gpus(cfg: Config) -> None:
     needs = []
     if cfg.strategy.quant_bits:
         needs.append(f"QLoRA (strategy.quant_bits={cfg.strategy.quant_bits}, bitsandbytes)")
-    if cfg.strategy.engine == "megatron":
-        needs.append("Megatron")
+    if (engine := engine_for_strategy(cfg.strategy.engine)).needs_gpus:
+        needs.append(engine.title)
     if cfg.task.vllm_mode:
         needs.append("vLLM rollouts")
     if needs:
@@ -304,9 +303,10 @@ def _check_vllm(cfg: Config) -> None:
 
 def check_parallelism(cfg: Config, world_size: int, par: Parallelism) -> None:
     """Megatron degrees must tile the world: tp·pp·cp | world and tp·ep | world / pp."""
+    model_parallel = engine_for_strategy(cfg.strategy.engine).has_model_parallelism
     for name, degree in (("tp", par.tp), ("pp", par.pp), ("cp", par.cp), ("ep", par.ep)):
         check_positive(f"strategy.{name}", degree)
-        if degree > 1 and cfg.strategy.engine != "megatron":
+        if degree > 1 and not model_parallel:
             raise ConfigError(
                 f"strategy.{name}={degree} needs Megatron, but strategy={cfg.strategy.name} is "
                 f"{cfg.strategy.engine}. HINT: use strategy=megatron task=megatron_{cfg.task.command}, "
@@ -454,7 +454,7 @@ def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
     ms-swift's parser reads (its type and choices): a typo must not cost a queue wait."""
     from swiftslurm.planning import swift_args
 
-    command = f"{cfg.task.launcher} {cfg.task.command}"
+    command = f"{engine_for_strategy(cfg.strategy.engine).launcher} {cfg.task.command}"
     valid = swift_args.valid_args(command)
     for name in args:
         if name not in valid:
@@ -525,9 +525,7 @@ def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: Batch
             f"resilience.min_nodes={least} is above cluster.nodes={topology.nodes}: a run never grows past the "
             f"planned nodes. HINT: set resilience.min_nodes to at most {topology.nodes}, or leave it out."
         )
-    from swiftslurm.engines.registry import engine_for  # the adapters import the node side
-
-    if (why := engine_for(cfg.task.launcher).reshard_refusal(args)) is not None:
+    if (why := engine_for_strategy(cfg.strategy.engine).reshard_refusal(args)) is not None:
         raise ConfigError(why)
     data_parallel = {n: n * topology.procs_per_node // par.model_parallel for n in range(least, topology.nodes + 1)}
     _check_batch_divides(least, batch, data_parallel)
