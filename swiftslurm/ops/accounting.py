@@ -19,7 +19,7 @@ from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops import ledger
 from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import ACCOUNTING, JOB, attempt_dir, trainer_timeline
-from swiftslurm.rundir.records import read_attempts, read_open_attempt
+from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
 
 ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
@@ -41,7 +41,7 @@ def job_ids(run_dir: Path) -> list[str]:
     """Every SLURM job that carried the run: each attempt's, and the latest submission's (job.json)."""
     from swiftslurm.rundir.jsonio import read_json
 
-    found = [str(r["job_id"]) for r in read_attempts(run_dir) if r.get("job_id")]
+    found = [str(r.job_id) for r in read_attempts(run_dir) if r.job_id]
     job = read_json(run_dir / JOB) or {}
     if job.get("job_id") and job.get("scheduler") != "local":
         found.append(str(job["job_id"]))
@@ -137,11 +137,11 @@ def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledg
     ]
 
 
-def _events(run_dir: Path, record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return read_timeline(trainer_timeline(attempt_dir(run_dir, str(record.get("attempt")))))
+def _events(run_dir: Path, record: AttemptRecord) -> list[dict[str, Any]]:
+    return read_timeline(trainer_timeline(attempt_dir(run_dir, record.attempt)))
 
 
-def _open_attempt(run_dir: Path, recorded: set[str]) -> dict[str, Any] | None:
+def _open_attempt(run_dir: Path, recorded: set[str]) -> AttemptRecord | None:
     """The attempt marked open that has no record yet: running now (or lost, until the next one says so)."""
     opened = read_open_attempt(run_dir)
-    return opened if opened and opened.get("attempt") not in recorded else None
+    return opened if opened is not None and opened.attempt not in recorded else None

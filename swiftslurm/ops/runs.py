@@ -27,7 +27,7 @@ from swiftslurm.rundir.layout import (
     slurm_log,
 )
 from swiftslurm.rundir.metrics import read_metrics
-from swiftslurm.rundir.records import is_cancelled, read_attempts, read_status
+from swiftslurm.rundir.records import AttemptRecord, is_cancelled, read_attempts, read_status
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
@@ -107,10 +107,10 @@ class RunFacts:
         return facts
 
 
-def _attempt_reason(record: dict[str, Any]) -> str:
+def _attempt_reason(record: AttemptRecord) -> str:
     """reason→decision; with the node count for a run that may shrink (its records hold `nodes`)."""
-    text = f"{record.get('reason')}→{record.get('decision')}"
-    return f"{text} on {record['nodes']} nodes" if record.get("nodes") else text
+    text = f"{record.reason}→{record.decision}"
+    return f"{text} on {record.nodes} nodes" if record.nodes else text
 
 
 def gather(
