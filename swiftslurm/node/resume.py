@@ -6,7 +6,6 @@ the choice is published ends the attempt on every node before any trainer starts
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -18,7 +17,7 @@ from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, read_json_required, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME, node_log
 from swiftslurm.rundir.lease import Lease
 from swiftslurm.storage.store import CheckpointStore
@@ -133,7 +132,8 @@ def _cancelled_when_stopped(work: Callable[[], object], store: CheckpointStore, 
 def _ours(path: Path, nonce: str | None) -> bool:
     """Whether ``path`` is this job run's resume.json: the nonces match (both None outside SLURM, where one
     node is the whole job, or when SLURM could not say when the job started)."""
-    return path.is_file() and json.loads(path.read_text()).get("nonce") == nonce
+    chosen = peek_json(path)
+    return chosen is not None and chosen.get("nonce") == nonce
 
 
 def _wait_for_choice(
@@ -150,7 +150,7 @@ def _wait_for_choice(
                 "the newest committed checkpoint."
             )
         time.sleep(POLL_S)
-    chosen = json.loads(path.read_text())
+    chosen = read_json_required(path, f"node 0 published {path} just now: a file cut short is a bug to report")
     if chosen.get("signalled"):
         raise Interrupted("node 0 ended the attempt before training: a stop signal came first")
     if chosen.get("error"):
