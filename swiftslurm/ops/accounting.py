@@ -17,6 +17,7 @@ from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops import ledger
+from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import ACCOUNTING, JOB, attempt_dir, trainer_timeline
 from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
@@ -104,7 +105,7 @@ def _write_cache(run_dir: Path, jobs: dict[str, Any]) -> None:
 
 def run_ledger(
     run_dir: Path,
-    plan: Mapping[str, Any],
+    plan: PlanGlance,
     jobs: Mapping[str, list[dict[str, Any]]] | None,
     running: bool = False,
     now: float | None = None,
@@ -112,20 +113,13 @@ def run_ledger(
     """The run's ledger from its records and SLURM's rows of its jobs (None or missing: the records alone).
     ``running``: the open attempt is training now (else, without a record, it was lost)."""
     now = time.time() if now is None else now
-    devices, unit = devices_per_node(plan)
+    devices, unit = plan.devices_per_node()
     allocations = [a for rows in (jobs or {}).values() for a in allocations_of(rows, devices)]
     attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in read_attempts(run_dir)]
     opened = _open_attempt(run_dir, {a.attempt for a in attempts})
     if opened is not None:
         attempts.append(ledger.attempt_marks(opened, _events(run_dir, opened), running=running))
     return ledger.compute(allocations, attempts, devices, unit, now)
-
-
-def devices_per_node(plan: Mapping[str, Any]) -> tuple[int, str]:
-    """What each node holds for the run: its GPUs, or (a CPU plan) its training processes."""
-    topology = plan.get("topology") or {}
-    gpus = int(topology.get("gpus_per_node") or 0)
-    return (gpus, "GPU") if gpus else (int(topology.get("procs_per_node") or 1), "CPU process")
 
 
 def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledger.Allocation]:
