@@ -49,7 +49,7 @@ from swiftslurm.preflight import gather as preflight
 from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
 from swiftslurm.signals import SignalLog
-from swiftslurm.slurm_env import SlurmEnv, check_allocation, reshard_ranks
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 
@@ -197,7 +197,7 @@ def _stopped(a: Attempt, why: str) -> Phase:
 def _agree_on_resume(a: Attempt) -> Phase:
     hold(Phase.AGREE_ON_RESUME.value, a.where, a.stopped)
     try:
-        ranks = reshard_ranks(a.where, a.plan)  # None unless the run may change size
+        ranks = AttemptShape.of(a.where, a.plan).reshard_ranks  # None unless the run may change size
         a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce, a.stopped, ranks)
     except Interrupted as why:
         print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)

@@ -26,7 +26,7 @@ from swiftslurm.rundir.layout import attempt_dir, node_log, plan_file, preflight
 from swiftslurm.rundir.lease import Lease, job_alive
 from swiftslurm.rundir.records import AttemptRecord, is_cancelled
 from swiftslurm.signals import SAVE_SIGNAL
-from swiftslurm.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, least_nodes, may_shrink
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, configured_exclusions, least_nodes
 
 # Healthy nodes write their result as soon as their trainer exits; those still without one after this wait
 # are the suspects, which SLURM is then asked about.
@@ -74,7 +74,8 @@ def conclude(
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     allocation = _allocation(attempt_dir(run_dir, attempt), hosts, reason, blamed, restarts)
     decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan), allocation)
-    if may_shrink(plan):
+    shape = AttemptShape.of(where, plan)
+    if shape.may_shrink:
         decision = _with_node_count(plan, decision)
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
@@ -88,8 +89,8 @@ def conclude(
         end_time_error=unknown_end,
         phases={name: round(at, 3) for name, at in (phases or {}).items()},
     )
-    if may_shrink(plan):  # the node count of this attempt, and the one the next asks for
-        record = replace(record, nodes=attempt_nodes(where, plan), next_nodes=decision.nodes)
+    if shape.may_shrink:  # the node count of this attempt, and the one the next asks for
+        record = replace(record, nodes=shape.nodes, next_nodes=decision.nodes)
     records.close_attempt(run_dir, record)
     records.write_status(
         run_dir,

@@ -41,7 +41,7 @@ def agree_on_resume(
     wait for that choice, so every rank loads the same checkpoint even while the leader is still
     quarantining or restoring. Raises Interrupted when ``stopped()`` (a stop signal was recorded) before the
     choice is published, or when the leader published that one was. ``ranks``: this attempt's ranks when the
-    run may change size (slurm_env.reshard_ranks): the leader makes the resume point loadable at that many
+    run may change size (slurm_env.AttemptShape.reshard_ranks): the leader makes the resume point loadable at that many
     first (engine.prepare_reshard)."""
     path = attempt_dir / RESUME
     if not leader:
