@@ -243,7 +243,8 @@ class PlanGlance:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlanGlance:
-        topology = data.get("topology") if isinstance(data.get("topology"), dict) else {}
+        section = data.get("topology")
+        topology: Mapping[str, Any] = section if isinstance(section, dict) else {}
         storage = data.get("storage")
         return cls(
             run_name=str(data["run_name"]) if data.get("run_name") is not None else None,

@@ -68,9 +68,17 @@ class AttemptRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttemptRecord:
-        known = {f.name for f in fields(cls)} - {"extra"}
-        values = {name: _as_tuple(value) for name, value in data.items() if name in known}
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+        """A row as written by this or an earlier version: a missing key, or a null where this version writes a
+        list or a flag, reads as the field's default."""
+        defaults = {f.name: f.default for f in fields(cls) if f.name != "extra"}
+        values = {
+            name: _as_tuple(value)
+            for name, value in data.items()
+            if name in defaults and (value is not None or defaults[name] is None)
+        }
+        if "attempt" in values:
+            values["attempt"] = str(values["attempt"])
+        return cls(**values, extra={k: v for k, v in data.items() if k not in defaults})
 
     def as_dict(self) -> dict[str, Any]:
         row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}

@@ -99,6 +99,8 @@ def test_attempt_rows_of_earlier_versions_still_read(tmp_path: Path) -> None:
         False,
     )
     assert newer.progressed and newer.extra == {"gpu_hours": 3.5}
+    hand_written = AttemptRecord.from_dict({"attempt": 8, "hosts": None, "progressed": None, "end": None})
+    assert (hand_written.attempt, hand_written.hosts, hand_written.progressed) == ("8", (), False)
     assert newer.as_dict()["gpu_hours"] == 3.5  # kept if the row is written again
 
 
