@@ -24,7 +24,7 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import attempt_dir, node_log, plan_file, preflight_report, resume_file
 from swiftslurm.rundir.lease import Lease, job_alive
-from swiftslurm.rundir.records import AttemptRecord, is_cancelled
+from swiftslurm.rundir.records import CONCLUDED_KEYS, AttemptRecord, is_cancelled
 from swiftslurm.signals import SAVE_SIGNAL
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, configured_exclusions, least_nodes
 
@@ -151,7 +151,7 @@ def close_lost_attempt(
     history = _history(run_dir, reason, False, None)
     decision = decide.decide(reason, why, history, _budget(plan), time.time(), _spare_nodes(plan))
     closed = replace(lost, reason=reason.value, decision=decision.action.value, why=decision.why, progressed=False)
-    records.append_attempt(run_dir, replace(closed, end=None))
+    records.append_attempt(run_dir, replace(closed, end=None, keep_keys=(*closed.keep_keys, "end")))  # end: null
     if decision.action is not decide.Action.STOP:
         return None
     records.write_status(run_dir, "failed", reason=reason.value, why=decision.why, job_id=where.job_id)
@@ -209,7 +209,15 @@ def _unstarted(where: SlurmEnv, attempt: str, now: float, reason: str, decision:
     """The record of an attempt that ended before training began: it started and ended ``now``."""
     hosts = where.hosts or (socket.gethostname(),)
     return AttemptRecord(
-        attempt, where.job_id, hosts=hosts, start=now, end=now, reason=reason, decision=decision, why=why
+        attempt,
+        where.job_id,
+        hosts=hosts,
+        start=now,
+        end=now,
+        progressed=False,
+        reason=reason,
+        decision=decision,
+        why=why,
     )
 
 
@@ -381,4 +389,5 @@ def _record(
         delay_s=decision.delay_s,
         exclude_hosts=tuple(decision.exclude_hosts),
         hang=observed.hang,
+        keep_keys=CONCLUDED_KEYS,
     )

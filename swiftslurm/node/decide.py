@@ -295,7 +295,7 @@ def history_of(attempts: Iterable[AttemptRecord]) -> History | None:
     history: History | None = None
     for record in attempts:
         at = record.end or record.start or 0.0
-        history = history_after(history, Reason(record.reason), record.progressed, record.failed_host, at)
+        history = history_after(history, Reason(record.reason), bool(record.progressed), record.failed_host, at)
         if record.decision == Action.STOP.value:
             history = History(attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=history.failed_hosts)
     return history

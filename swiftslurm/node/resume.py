@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, prepare_resume
 from swiftslurm.engines.registry import engine_for
@@ -17,7 +18,7 @@ from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir.jsonio import peek_json, read_json_required, write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME, node_log
 from swiftslurm.rundir.lease import Lease
 from swiftslurm.storage.store import CheckpointStore
@@ -41,8 +42,8 @@ def agree_on_resume(
     wait for that choice, so every rank loads the same checkpoint even while the leader is still
     quarantining or restoring. Raises Interrupted when ``stopped()`` (a stop signal was recorded) before the
     choice is published, or when the leader published that one was. ``ranks``: this attempt's ranks when the
-    run may change size (slurm_env.AttemptShape.reshard_ranks): the leader makes the resume point loadable at that many
-    first (engine.prepare_reshard)."""
+    run may change size (slurm_env.AttemptShape.reshard_ranks): the leader makes the resume point loadable at
+    that many first (engine.prepare_reshard)."""
     path = attempt_dir / RESUME
     if not leader:
         return _wait_for_choice(path, attempt_dir / LEADER_BEAT, nonce, stopped)
@@ -129,18 +130,18 @@ def _cancelled_when_stopped(work: Callable[[], object], store: CheckpointStore, 
     running.result()
 
 
-def _ours(path: Path, nonce: str | None) -> bool:
-    """Whether ``path`` is this job run's resume.json: the nonces match (both None outside SLURM, where one
-    node is the whole job, or when SLURM could not say when the job started)."""
+def _ours(path: Path, nonce: str | None) -> dict[str, Any] | None:
+    """The choice in ``path`` if it is this job run's resume.json: the nonces match (both None outside SLURM,
+    where one node is the whole job, or when SLURM could not say when the job started); else None."""
     chosen = peek_json(path)
-    return chosen is not None and chosen.get("nonce") == nonce
+    return chosen if chosen is not None and chosen.get("nonce") == nonce else None
 
 
 def _wait_for_choice(
     path: Path, beat: Path, nonce: str | None = None, stopped: Callable[[], bool] = lambda: False
 ) -> ResumePoint:
     waiting_since = time.time()
-    while not _ours(path, nonce):
+    while (chosen := _ours(path, nonce)) is None:
         if stopped():
             raise Interrupted(f"a stop signal came while waiting for node 0 to publish {path}")
         if (silence := leader_silence(beat, time.time(), waiting_since)) is not None:
@@ -150,7 +151,6 @@ def _wait_for_choice(
                 "the newest committed checkpoint."
             )
         time.sleep(POLL_S)
-    chosen = read_json_required(path, f"node 0 published {path} just now: a file cut short is a bug to report")
     if chosen.get("signalled"):
         raise Interrupted("node 0 ended the attempt before training: a stop signal came first")
     if chosen.get("error"):

@@ -32,10 +32,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
+
+if TYPE_CHECKING:
+    from swiftslurm.rundir.records import AttemptRecord
 
 CATEGORIES = ("startup", "restore", "load", "committed", "lost", "save", "restart", "finish", "uncommitted")
 LABELS = {

@@ -35,7 +35,7 @@ from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.plan import JobPlan
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import probe as torch_probe
-from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, read_json, write_json_atomic
 from swiftslurm.rundir.layout import (
     PREFLIGHT_REPORT,
     plan_file,
@@ -244,7 +244,7 @@ def _write_token(ctx: Context) -> pc.Check:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, token)
-        back = json.loads(path.read_text())
+        back = read_json(path)  # None: what was written did not come back whole
     except (OSError, ValueError) as err:
         return pc.run_dir_writable(str(path), _errno_text(err) if isinstance(err, OSError) else str(err))
     return pc.run_dir_writable(str(path), None if back == token else f"read back {back}, wrote {token}")

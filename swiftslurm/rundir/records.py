@@ -22,15 +22,16 @@ from swiftslurm.rundir.jsonio import (
 )
 from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, JOB, OPEN_ATTEMPT, STATUS, node_result
 
-# Fields an attempt row carries only when they apply: a row without them reads as None.
-_ONLY_WHEN_SET = ("nodes", "next_nodes", "preflight", "refused")
-
 
 @dataclass(frozen=True)
 class AttemptRecord:
     """One attempt, as a line of attempts.jsonl (and attempt_open.json while it runs). Every field is optional:
     a lost attempt knows little, and rows written by earlier versions lack later fields; keys this version does
-    not know are kept in ``extra``."""
+    not know are kept in ``extra``.
+
+    On disk a row holds the facts it has, and the keys in ``keep_keys`` even when null or empty: a concluded
+    attempt's row (CONCLUDED_KEYS) shows every fact it could have, so that a reader of the file sees
+    `"failed_host": null`; a row read back is written with the keys it had."""
 
     attempt: str = ""
     job_id: str | None = None
@@ -49,7 +50,7 @@ class AttemptRecord:
     quarantined: tuple[str, ...] = ()
     rejected: tuple[str, ...] = ()
     committed_step: int | None = None
-    progressed: bool = False
+    progressed: bool | None = None  # it committed a newer checkpoint than it resumed from
     failed_host: str | None = None
     reason: str | None = None  # decide.Reason's value
     decision: str | None = None  # decide.Action's value; None while the attempt runs
@@ -65,25 +66,37 @@ class AttemptRecord:
     preflight: str | None = None  # "failed": the preflight stopped the run before training
     refused: bool | None = None  # the wrapper refused to start the attempt
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    keep_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def facts(cls) -> tuple[str, ...]:
+        """The names of the facts a row may hold (every field but ``extra`` and ``keep_keys``)."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("extra", "keep_keys"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttemptRecord:
         """A row as written by this or an earlier version: a missing key, or a null where this version writes a
-        list or a flag, reads as the field's default."""
-        defaults = {f.name: f.default for f in fields(cls) if f.name != "extra"}
-        values = {
-            name: _as_tuple(value)
-            for name, value in data.items()
-            if name in defaults and (value is not None or defaults[name] is None)
-        }
+        list, reads as the field's default."""
+        known = cls.facts()
+        values = {name: _as_tuple(value) for name, value in data.items() if name in known and value is not None}
         if "attempt" in values:
             values["attempt"] = str(values["attempt"])
-        return cls(**values, extra={k: v for k, v in data.items() if k not in defaults})
+        extra = {k: v for k, v in data.items() if k not in known}
+        return cls(**values, extra=extra, keep_keys=tuple(k for k in data if k in known))
 
     def as_dict(self) -> dict[str, Any]:
-        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        row = {k: v for k, v in row.items() if v is not None or k not in _ONLY_WHEN_SET}
+        row = {name: getattr(self, name) for name in self.facts()}
+        row = {k: v for k, v in row.items() if k in self.keep_keys or not _unset(v)}
         return dict(sorted({**self.extra, **row}.items()))
+
+
+def _unset(value: Any) -> bool:
+    """What a field holds when the row has no such fact."""
+    return value is None or (isinstance(value, (tuple, dict)) and not value)
+
+
+# What a concluded attempt's row shows even when null or empty; only a run that may shrink adds its node counts.
+CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in ("nodes", "next_nodes", "preflight", "refused"))
 
 
 def _as_tuple(value: Any) -> Any:

@@ -19,7 +19,7 @@ from swiftslurm.rundir.jsonio import (
     write_json_atomic,
     write_text_atomic,
 )
-from swiftslurm.rundir.records import AttemptRecord, append_attempt, read_attempts
+from swiftslurm.rundir.records import CONCLUDED_KEYS, AttemptRecord, append_attempt, read_attempts
 
 
 @pytest.mark.parametrize(
@@ -96,20 +96,33 @@ def test_attempt_rows_of_earlier_versions_still_read(tmp_path: Path) -> None:
         (("SIGUSR2", 5.0),),
         None,
         None,
-        False,
+        None,
     )
     assert newer.progressed and newer.extra == {"gpu_hours": 3.5}
     hand_written = AttemptRecord.from_dict({"attempt": 8, "hosts": None, "progressed": None, "end": None})
-    assert (hand_written.attempt, hand_written.hosts, hand_written.progressed) == ("8", (), False)
+    assert (hand_written.attempt, hand_written.hosts, hand_written.progressed) == ("8", (), None)
     assert newer.as_dict()["gpu_hours"] == 3.5  # kept if the row is written again
 
 
-def test_an_attempt_row_keeps_its_keys_and_leaves_out_the_node_counts_of_a_fixed_size_run(tmp_path: Path) -> None:
-    append_attempt(tmp_path, AttemptRecord("7", "7", hosts=("a",), reason="finished", decision="done"))
-    row = json.loads((tmp_path / "attempts.jsonl").read_text())
-    assert row["hosts"] == ["a"] and row["failed_host"] is None and row["end_time_error"] is None
-    assert not {"nodes", "next_nodes", "preflight", "refused"} & set(row)
-    assert list(row) == sorted(row)
+def test_a_concluded_attempts_row_shows_every_fact_and_the_node_counts_only_of_a_run_that_may_shrink(
+    tmp_path: Path,
+) -> None:
+    append_attempt(tmp_path, AttemptRecord("7", "7", hosts=("a",), reason="finished", keep_keys=CONCLUDED_KEYS))
+    append_attempt(tmp_path, AttemptRecord("7.r1", "7", reason="finished", nodes=2, keep_keys=CONCLUDED_KEYS))
+    fixed, shrinking = (json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines())
+    assert fixed["hosts"] == ["a"] and fixed["failed_host"] is None and fixed["rejected"] == []
+    assert set(fixed) == set(CONCLUDED_KEYS) and list(fixed) == sorted(fixed)
+    assert set(shrinking) == {*CONCLUDED_KEYS, "nodes"}
+
+
+def test_a_row_holds_the_facts_it_has_and_one_read_back_is_written_with_the_keys_it_had(tmp_path: Path) -> None:
+    append_attempt(tmp_path, AttemptRecord("5", "5", start=1.0, progressed=False, reason="infra"))
+    row = '{"attempt": "6", "end": null, "hosts": [], "start": 2.0, "unknown": 1}'
+    with (tmp_path / "attempts.jsonl").open("a") as out:
+        out.write(row + "\n")
+    sparse, old = read_attempts(tmp_path)
+    assert sparse.as_dict() == {"attempt": "5", "job_id": "5", "progressed": False, "reason": "infra", "start": 1.0}
+    assert json.loads(json.dumps(old.as_dict())) == json.loads(row)
 
 
 def test_the_plan_glance_reads_what_a_plan_has_and_refuses_only_when_asked_to(tmp_path: Path) -> None:
