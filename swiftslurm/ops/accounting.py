@@ -18,7 +18,7 @@ from typing import Any
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops import ledger
 from swiftslurm.plan import PlanGlance
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import read_json, write_json_atomic
 from swiftslurm.rundir.layout import ACCOUNTING, JOB, attempt_dir, trainer_timeline
 from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
@@ -40,8 +40,6 @@ def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
 
 def job_ids(run_dir: Path) -> list[str]:
     """Every SLURM job that carried the run: each attempt's, and the latest submission's (job.json)."""
-    from swiftslurm.rundir.jsonio import read_json
-
     found = [str(r.job_id) for r in read_attempts(run_dir) if r.job_id]
     job = read_json(run_dir / JOB) or {}
     if job.get("job_id") and job.get("scheduler") != "local":
@@ -89,8 +87,6 @@ def _stale(entry: Mapping[str, Any] | None, now: float) -> bool:
 
 
 def _read_cache(run_dir: Path) -> dict[str, Any]:
-    from swiftslurm.rundir.jsonio import read_json
-
     jobs = (read_json(run_dir / ACCOUNTING) or {}).get("jobs")
     return jobs if isinstance(jobs, dict) else {}
 

@@ -16,11 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.errors import SwiftSlurmError
-
-
-class UnreadableJson(SwiftSlurmError):
-    """A JSON file a caller cannot do without is missing, cut short, or not a JSON object."""
+from swiftslurm.errors import UnreadableJson
 
 
 def sync_filesystems(paths: list[Path]) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.errors import UnreadableJson
 from swiftslurm.plan import BatchPlan, PlanGlance
 from swiftslurm.rundir.jsonio import (
-    UnreadableJson,
     append_jsonl,
     peek_json,
     read_json,
