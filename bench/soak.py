@@ -218,10 +218,9 @@ def judge(result: SeedResult, run_dir: Path, seen: list[ResumeSeen], steps: int,
     if state != "COMPLETED" or status.get("state") != "finished" or status.get("committed_step") != steps:
         result.divergences.append(f"ended {state}, status {status.get('state')} at {status.get('committed_step')}")
     for before, after in pairwise(records):
-        if after.get("resume_step") != before.get("committed_step"):
+        if after.resume_step != before.committed_step:
             result.divergences.append(
-                f"{after['attempt']} resumed from {after.get('resume_step')}, "
-                f"newest commit {before.get('committed_step')}"
+                f"{after.attempt} resumed from {after.resume_step}, newest commit {before.committed_step}"
             )
     beyond = [p.name for p in _all_checkpoints(output) if (checkpoint_step(p) or 0) > steps]
     if beyond:

@@ -60,6 +60,10 @@ class NodeError(SwiftSlurmError):
     """The on-node wrapper cannot run: the allocation or run directory does not match the plan."""
 
 
+class UnreadableJson(SwiftSlurmError):
+    """A JSON file of a run dir that a caller cannot do without is missing, cut short, or not a JSON object."""
+
+
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """' Did you mean `x`?' for the closest valid name, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)

@@ -18,6 +18,7 @@ from typing import Any
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import ConfigError, NodeError, StorageError, one_of
 from swiftslurm.rundir import layout as rundir
+from swiftslurm.rundir.jsonio import read_json, read_json_required
 
 PLAN_VERSION = 2  # 2: the package regroup (plugin paths under swiftslurm/engines/)
 IDENTITY_CHARS = 16  # hex digits of a plan's identity: enough to tell runs apart, short enough to read
@@ -214,6 +215,54 @@ class JobPlan:
                 f"HINT: never edit plan.json; re-plan with `python -m swiftslurm ... run_dir={run_dir}`."
             )
         return cls.from_json(text)
+
+
+@dataclass(frozen=True)
+class PlanGlance:
+    """What the login side shows of a run from its plan.json (status, plots, the storage CLI), read from
+    whatever plan is there: one of another version, or one written by hand with only some sections, still shows
+    what it has. Nothing runs from a glance: a run is started from ``JobPlan.load_checked`` only."""
+
+    run_name: str | None = None
+    batch: BatchPlan | None = None  # None: the plan has no whole batch section
+    gpus_per_node: int = 0
+    procs_per_node: int = 1
+    storage: dict[str, Any] | None = None  # plan.json's storage section as written (None: none)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> PlanGlance:
+        """The glance at ``run_dir``'s plan.json; an empty one when it is missing or cut short."""
+        return cls.from_dict(read_json(rundir.plan_file(run_dir)) or {})
+
+    @classmethod
+    def read_required(cls, run_dir: Path) -> PlanGlance:
+        """The glance at ``run_dir``'s plan.json; UnreadableJson naming the file when it is missing or cut short."""
+        hint = "pass the run directory that holds plan.json (re-plan it if the file was damaged)."
+        return cls.from_dict(read_json_required(rundir.plan_file(run_dir), hint))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanGlance:
+        section = data.get("topology")
+        topology: Mapping[str, Any] = section if isinstance(section, dict) else {}
+        storage = data.get("storage")
+        return cls(
+            run_name=str(data["run_name"]) if data.get("run_name") is not None else None,
+            batch=_batch_of(data.get("batch")),
+            gpus_per_node=int(topology.get("gpus_per_node") or 0),
+            procs_per_node=int(topology.get("procs_per_node") or 1),
+            storage=dict(storage) if isinstance(storage, dict) else None,
+        )
+
+    def devices_per_node(self) -> tuple[int, str]:
+        """What each node holds for the run: its GPUs, or (a CPU plan) its training processes."""
+        return (self.gpus_per_node, "GPU") if self.gpus_per_node else (self.procs_per_node, "CPU process")
+
+
+def _batch_of(section: Any) -> BatchPlan | None:
+    try:
+        return BatchPlan(int(section["micro"]), int(section["grad_accum"]), int(section["data_parallel"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def plan_digest(text: str) -> str:

@@ -86,28 +86,36 @@ def least_nodes(plan: JobPlan) -> int:
     return least if least is not None and may_shrink(plan) else plan.topology.nodes
 
 
-def attempt_nodes(where: SlurmEnv, plan: JobPlan) -> int:
-    """The nodes this attempt trains on: SLURM's allocation when the run may shrink, else the planned count
-    (which `check_allocation` makes the allocation's)."""
-    return where.num_nodes if may_shrink(plan) and where.in_slurm else plan.topology.nodes
+@dataclass(frozen=True)
+class AttemptShape:
+    """The size of one attempt, computed once from where it runs and the plan (AttemptShape.of).
 
+    Args:
+        nodes: the nodes it trains on: SLURM's allocation when the run may shrink, else the planned count
+            (which `check_allocation` makes the allocation's).
+        ranks: its training ranks, over those nodes.
+        batch: the planned global batch over its data-parallel ranks, with the gradient accumulation that
+            keeps it (the plan refused global batches this does not divide).
+        may_shrink: whether the run may resume on another node count than planned (`resilience.min_nodes`).
+    """
 
-def attempt_ranks(where: SlurmEnv, plan: JobPlan) -> int:
-    """The training ranks of this attempt (over its allocation's nodes)."""
-    return attempt_nodes(where, plan) * plan.topology.procs_per_node
+    nodes: int
+    ranks: int
+    batch: BatchPlan
+    may_shrink: bool
 
+    @classmethod
+    def of(cls, where: SlurmEnv, plan: JobPlan) -> AttemptShape:
+        shrinks = may_shrink(plan)
+        nodes = where.num_nodes if shrinks and where.in_slurm else plan.topology.nodes
+        return cls(nodes, nodes * plan.topology.procs_per_node, plan.batch_on(nodes), shrinks)
 
-def reshard_ranks(where: SlurmEnv, plan: JobPlan) -> int | None:
-    """This attempt's ranks when its resume point may have been written by another number of them (the run
-    may shrink, and grow back), for the engine's prepare_reshard/resume_args_at; None when every attempt has
-    the planned ranks, so checkpoints load as they are (the default)."""
-    return attempt_ranks(where, plan) if may_shrink(plan) else None
-
-
-def attempt_batch(where: SlurmEnv, plan: JobPlan) -> BatchPlan:
-    """The batch of this attempt: the planned global batch over this allocation's data-parallel ranks, with
-    the gradient accumulation that keeps it (the plan refused global batches this does not divide)."""
-    return plan.batch_on(attempt_nodes(where, plan))
+    @property
+    def reshard_ranks(self) -> int | None:
+        """The ranks to load the resume point at when it may have been written by another number of them (the
+        run may shrink, and grow back), for the engine's prepare_reshard/resume_args_at; None when every
+        attempt has the planned ranks, so checkpoints load as they are (the default)."""
+        return self.ranks if self.may_shrink else None
 
 
 def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
@@ -140,7 +148,7 @@ def _check_shrunk_allocation(where: SlurmEnv, plan: JobPlan) -> None:
 
 def rank_env(where: SlurmEnv, plan: JobPlan) -> dict[str, str]:
     """The variables `swift`/`megatron` read to start torchrun on this node (none for one process)."""
-    topo, nodes = plan.topology, attempt_nodes(where, plan)
+    topo, nodes = plan.topology, AttemptShape.of(where, plan).nodes
     one_process = nodes == 1 and topo.procs_per_node == 1
     if one_process and not engine_for(plan.launcher).needs_torchrun_for_one_process(plan.swift_argv):
         return {}  # a single process: ms-swift runs without torchrun

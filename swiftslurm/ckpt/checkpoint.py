@@ -10,7 +10,6 @@ is moved aside into `quarantine/`, never deleted and never loaded.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.rundir.jsonio import fsync_dir, write_json_atomic
+from swiftslurm.rundir.jsonio import fsync_dir, read_json, write_json_atomic
 from swiftslurm.rundir.layout import QUARANTINE
 
 # In each checkpoint-N folder and under its object-store prefix: part of the commit format, so named here.
@@ -126,11 +125,8 @@ def commit(
 
 
 def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((checkpoint / MANIFEST).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) and data.get("step") == checkpoint_step(checkpoint) else None
+    data = read_json(checkpoint / MANIFEST)
+    return data if data is not None and data.get("step") == checkpoint_step(checkpoint) else None
 
 
 def problems(checkpoint: Path, deep: bool = False) -> list[str]:

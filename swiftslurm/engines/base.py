@@ -136,7 +136,7 @@ class Engine:
     # -- node side ----------------------------------------------------------------------------------
     def reshaped_args(self, batch: BatchPlan) -> tuple[str, ...]:
         """Arguments appended to the planned ones (ms-swift's parser keeps the last) to train with ``batch``
-        instead: an attempt on fewer nodes than planned (slurm_env.attempt_batch)."""
+        instead: an attempt on fewer nodes than planned (slurm_env.AttemptShape.batch)."""
         return tuple(word for name, value in self.batch_args(batch).items() for word in (f"--{name}", str(value)))
 
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from swiftslurm import slurm as slurm_cli
@@ -49,7 +50,7 @@ from swiftslurm.preflight import gather as preflight
 from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
 from swiftslurm.signals import SignalLog
-from swiftslurm.slurm_env import SlurmEnv, check_allocation, reshard_ranks
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 
@@ -110,6 +111,11 @@ class Attempt:
     lease: lease.Lease | None = None  # leader: its lease on the run dir, checked before destructive steps
     entered: dict[str, float] = field(default_factory=dict)  # phase -> when this attempt entered it (the ledger)
     nonce: str | None = None  # this run of the SLURM job (lease.nonce), in resume.json
+
+    @cached_property
+    def shape(self) -> AttemptShape:
+        """This attempt's size: the same for every attempt of this allocation (its nodes do not change)."""
+        return AttemptShape.of(self.where, self.plan)
 
     @property
     def leader(self) -> bool:
@@ -201,7 +207,7 @@ def _stopped(a: Attempt, why: str) -> Phase:
 
 def _agree_on_resume(a: Attempt) -> Phase:
     try:
-        ranks = reshard_ranks(a.where, a.plan)  # None unless the run may change size
+        ranks = a.shape.reshard_ranks  # None unless the run may change size
         a.resume = agree_on_resume(a.plan, attempt_dir(a.run_dir, a.id), a.leader, a.lease, a.nonce, a.stopped, ranks)
     except Interrupted as why:
         print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)

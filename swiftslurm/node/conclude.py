@@ -9,9 +9,8 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
@@ -25,9 +24,9 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import attempt_dir, node_log, plan_file, preflight_report, resume_file
 from swiftslurm.rundir.lease import Lease, job_alive
-from swiftslurm.rundir.records import is_cancelled
+from swiftslurm.rundir.records import CONCLUDED_KEYS, AttemptRecord, is_cancelled
 from swiftslurm.signals import SAVE_SIGNAL
-from swiftslurm.slurm_env import SlurmEnv, attempt_nodes, configured_exclusions, least_nodes, may_shrink
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, configured_exclusions, least_nodes
 
 # Healthy nodes write their result as soon as their trainer exits; those still without one after this wait
 # are the suspects, which SLURM is then asked about.
@@ -75,7 +74,8 @@ def conclude(
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     allocation = _allocation(attempt_dir(run_dir, attempt), hosts, reason, blamed, restarts)
     decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan), allocation)
-    if may_shrink(plan):
+    shape = AttemptShape.of(where, plan)
+    if shape.may_shrink:
         decision = _with_node_count(plan, decision)
     cancelled = cancelled and reason is not decide.Reason.FINISHED  # a cancel after the last step changes nothing
     if cancelled:  # scancel / Ctrl-C / swiftslurm cancel: a person stopped it; never requeue
@@ -83,11 +83,14 @@ def conclude(
         decision = decide.cancelled(how, reason, explanation, facts.steps_done)
         reason = decision.reason
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
-    record |= {"failed_host_evidence": blamed[1] if blamed else None, "end_time_error": unknown_end}
-    record |= {"hang": observed.hang}
-    record["phases"] = {name: round(at, 3) for name, at in (phases or {}).items()}
-    if may_shrink(plan):  # the node count of this attempt, and the one the next asks for
-        record |= {"nodes": attempt_nodes(where, plan), "next_nodes": decision.nodes}
+    record = replace(
+        record,
+        failed_host_evidence=blamed[1] if blamed else None,
+        end_time_error=unknown_end,
+        phases={name: round(at, 3) for name, at in (phases or {}).items()},
+    )
+    if shape.may_shrink:  # the node count of this attempt, and the one the next asks for
+        record = replace(record, nodes=shape.nodes, next_nodes=decision.nodes)
     records.close_attempt(run_dir, record)
     records.write_status(
         run_dir,
@@ -139,40 +142,30 @@ def close_lost_attempt(
         held.check("close a lost attempt")
     if (running := _still_running(records.read_open_attempt(run_dir), where, alive)) is not None:
         return running
-    lost = records.open_attempt(run_dir, {"attempt": attempt, "job_id": where.job_id, "start": time.time()})
+    lost = records.open_attempt(run_dir, AttemptRecord(attempt, where.job_id, start=time.time()))
     records.write_status(run_dir, "running", job_id=where.job_id, attempt=attempt)
     if lost is None:
         return None
     reason = decide.Reason.INFRA
-    why = f"attempt {lost['attempt']} ended without a record (a node was lost, or the job was killed)"
+    why = f"attempt {lost.attempt} ended without a record (a node was lost, or the job was killed)"
     history = _history(run_dir, reason, False, None)
     decision = decide.decide(reason, why, history, _budget(plan), time.time(), _spare_nodes(plan))
-    records.append_attempt(
-        run_dir,
-        {
-            **lost,
-            "reason": reason.value,
-            "decision": decision.action.value,
-            "why": decision.why,
-            "progressed": False,
-            "end": None,
-        },
-    )
+    closed = replace(lost, reason=reason.value, decision=decision.action.value, why=decision.why, progressed=False)
+    records.append_attempt(run_dir, replace(closed, end=None, keep_keys=(*closed.keep_keys, "end")))  # end: null
     if decision.action is not decide.Action.STOP:
         return None
     records.write_status(run_dir, "failed", reason=reason.value, why=decision.why, job_id=where.job_id)
     return decision.why
 
 
-def _still_running(open_attempt: dict[str, Any] | None, where: SlurmEnv, alive: Callable[[str], bool]) -> str | None:
+def _still_running(opened: AttemptRecord | None, where: SlurmEnv, alive: Callable[[str], bool]) -> str | None:
     """Why the open attempt is not lost: SLURM still holds its job, another one than this (None: it is lost,
     or it is this job's, or there is none; outside SLURM nobody can be asked)."""
-    opened = open_attempt or {}
-    job = str(opened.get("job_id") or "")
-    if not where.in_slurm or not job or job == str(where.job_id) or not alive(job):
+    job = str(opened.job_id or "") if opened else ""
+    if opened is None or not where.in_slurm or not job or job == str(where.job_id) or not alive(job):
         return None
     return (
-        f"attempt {opened.get('attempt')} of job {job} is still open and SLURM still holds job {job}: it is not "
+        f"attempt {opened.attempt} of job {job} is still open and SLURM still holds job {job}: it is not "
         f"lost, and job {where.job_id} stops. HINT: one job per run dir: wait for job {job}, or `scancel {job}`."
     )
 
@@ -183,10 +176,9 @@ def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: 
     why = f"preflight failed: {failure} (report: {preflight_report(run_dir, attempt)})"
     reason = decide.Reason.INFRA.value
     now = round(time.time(), 3)
-    hosts = list(where.hosts) or [socket.gethostname()]
-    record: dict[str, object] = {"attempt": attempt, "job_id": where.job_id, "hosts": hosts}
-    record |= {"start": now, "end": now, "preflight": "failed", "progressed": False, "reason": reason}
-    records.close_attempt(run_dir, {**record, "decision": decide.Action.STOP.value, "why": why})
+    stop = decide.Action.STOP.value
+    record = _unstarted(where, attempt, now, reason=reason, decision=stop, why=why)
+    records.close_attempt(run_dir, replace(record, preflight="failed"))
     records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
     publish_failure(resume_file(run_dir, attempt), why, nonce)  # the others stop waiting
     print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)
@@ -207,13 +199,26 @@ def record_refusal(
         print(f"[swiftslurm] not recorded in {run_dir}: {elsewhere}", flush=True)
         return False
     reason, stop = decide.Reason.USER_ERROR.value, decide.Action.STOP.value
-    now = round(time.time(), 3)
-    hosts = list(where.hosts) or [socket.gethostname()]
-    record: dict[str, object] = {"attempt": attempt, "job_id": where.job_id, "hosts": hosts, "start": now, "end": now}
-    record |= {"refused": True, "progressed": False, "reason": reason, "decision": stop, "why": why}
-    records.append_attempt(run_dir, record)
+    record = _unstarted(where, attempt, round(time.time(), 3), reason=reason, decision=stop, why=why)
+    records.append_attempt(run_dir, replace(record, refused=True))
     records.write_status(run_dir, "failed", reason=reason, why=why, job_id=where.job_id, attempt=attempt)
     return True
+
+
+def _unstarted(where: SlurmEnv, attempt: str, now: float, reason: str, decision: str, why: str) -> AttemptRecord:
+    """The record of an attempt that ended before training began: it started and ended ``now``."""
+    hosts = where.hosts or (socket.gethostname(),)
+    return AttemptRecord(
+        attempt,
+        where.job_id,
+        hosts=hosts,
+        start=now,
+        end=now,
+        progressed=False,
+        reason=reason,
+        decision=decision,
+        why=why,
+    )
 
 
 def _facts(
@@ -356,31 +361,33 @@ def _record(
     decision: decide.Decision,
     committed_step: int | None,
     failed: str | None,
-) -> dict[str, object]:
+) -> AttemptRecord:
     watch = observed.watch
-    return {
-        "attempt": attempt,
-        "job_id": where.job_id,
-        "restart_count": where.restart_count,
-        "hosts": list(where.hosts) or [socket.gethostname()],
-        "start": round(observed.started, 3),
-        "end": round(time.time(), 3),
-        "exit_code": observed.exit_code,
-        "signals": [[signal.Signals(s).name, round(t, 3)] for s, t in observed.signals],
-        "first_step_at": watch.first_step_at,
-        "last_step": watch.step,
-        "last_step_at": watch.last_change_at,  # when node 0 saw that step: the last sign of training
-        "max_steps": watch.max_steps,
-        "resumed_from": str(resume.checkpoint) if resume.checkpoint else None,
-        "resume_step": resume.step,
-        "quarantined": [str(p) for p in resume.quarantined],
-        "rejected": list(resume.rejected),
-        "committed_step": committed_step,
-        "progressed": (committed_step or 0) > resume.step,
-        "failed_host": failed,
-        "reason": decision.reason.value,
-        "decision": decision.action.value,
-        "why": decision.why,
-        "delay_s": decision.delay_s,
-        "exclude_hosts": list(decision.exclude_hosts),
-    }
+    return AttemptRecord(
+        attempt=attempt,
+        job_id=where.job_id,
+        restart_count=where.restart_count,
+        hosts=where.hosts or (socket.gethostname(),),
+        start=round(observed.started, 3),
+        end=round(time.time(), 3),
+        exit_code=observed.exit_code,
+        signals=tuple((signal.Signals(s).name, round(t, 3)) for s, t in observed.signals),
+        first_step_at=watch.first_step_at,
+        last_step=watch.step,
+        last_step_at=watch.last_change_at,
+        max_steps=watch.max_steps,
+        resumed_from=str(resume.checkpoint) if resume.checkpoint else None,
+        resume_step=resume.step,
+        quarantined=tuple(str(p) for p in resume.quarantined),
+        rejected=tuple(resume.rejected),
+        committed_step=committed_step,
+        progressed=(committed_step or 0) > resume.step,
+        failed_host=failed,
+        reason=decision.reason.value,
+        decision=decision.action.value,
+        why=decision.why,
+        delay_s=decision.delay_s,
+        exclude_hosts=tuple(decision.exclude_hosts),
+        hang=observed.hang,
+        keep_keys=CONCLUDED_KEYS,
+    )

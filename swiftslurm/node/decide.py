@@ -12,7 +12,10 @@ import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swiftslurm.rundir.records import AttemptRecord
 
 RESUBMIT = "rerun your `python -m swiftslurm ...` command with the same run_dir (it resumes from the last checkpoint)"
 OOM_HINT = (
@@ -285,17 +288,15 @@ def history_after(
     )
 
 
-def history_of(attempts: Iterable[Mapping[str, Any]]) -> History | None:
+def history_of(attempts: Iterable[AttemptRecord]) -> History | None:
     """The history of recorded attempts (attempts.jsonl). An attempt that was stopped ends that history: if
     the run has attempts after it, a person resubmitted it (`swiftslurm resume`, the same command again) after
     fixing what stopped it, so the counts start over. The hosts that failed stay known."""
     history: History | None = None
     for record in attempts:
-        at = record.get("end") or record.get("start") or 0.0
-        history = history_after(
-            history, Reason(record["reason"]), record.get("progressed", False), record.get("failed_host"), at
-        )
-        if record.get("decision") == Action.STOP.value:
+        at = record.end or record.start or 0.0
+        history = history_after(history, Reason(record.reason), bool(record.progressed), record.failed_host, at)
+        if record.decision == Action.STOP.value:
             history = History(attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=history.failed_hosts)
     return history
 

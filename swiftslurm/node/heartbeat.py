@@ -10,7 +10,6 @@ clock: a cluster's clocks agree to well under a second, STALE_S is minutes.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -21,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 
 log = logging.getLogger("swiftslurm.heartbeat")
 BEAT_S = 5.0  # how often node 0 rewrites its heartbeat
@@ -86,11 +85,8 @@ class LeaderBeat:
 
 def read_beat(path: Path) -> dict[str, Any] | None:
     """The heartbeat, or None when there is none (yet) or it cannot be read just now (being replaced)."""
-    try:
-        beat = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return beat if isinstance(beat, dict) and isinstance(beat.get("updated"), int | float) else None
+    beat = peek_json(path)
+    return beat if beat is not None and isinstance(beat.get("updated"), int | float) else None
 
 
 def describe(beat: dict[str, Any]) -> str:

@@ -6,14 +6,13 @@ run's nonce. "restart" names the next attempt, which every node then starts insi
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from swiftslurm.node.heartbeat import leader_silence
 from swiftslurm.node.watch import POLL_S
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, OUTCOME
 
 END = "end"
@@ -45,9 +44,8 @@ def wait_for(attempt_dir: Path, nonce: str | None) -> Outcome:
 
 
 def _ours(path: Path, nonce: str | None) -> Outcome | None:
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):  # not there yet (or being replaced)
+    record = peek_json(path)
+    if record is None:  # not there yet (or being replaced)
         return None
     if record.get("nonce") != nonce:  # an earlier job with the same id left it
         return None

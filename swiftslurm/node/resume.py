@@ -6,11 +6,11 @@ the choice is published ends the attempt on every node before any trainer starts
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, prepare_resume
 from swiftslurm.engines.registry import engine_for
@@ -18,7 +18,7 @@ from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME, node_log
 from swiftslurm.rundir.lease import Lease
 from swiftslurm.storage.store import CheckpointStore
@@ -42,8 +42,8 @@ def agree_on_resume(
     wait for that choice, so every rank loads the same checkpoint even while the leader is still
     quarantining or restoring. Raises Interrupted when ``stopped()`` (a stop signal was recorded) before the
     choice is published, or when the leader published that one was. ``ranks``: this attempt's ranks when the
-    run may change size (slurm_env.reshard_ranks): the leader makes the resume point loadable at that many
-    first (engine.prepare_reshard)."""
+    run may change size (slurm_env.AttemptShape.reshard_ranks): the leader makes the resume point loadable at
+    that many first (engine.prepare_reshard)."""
     path = attempt_dir / RESUME
     if not leader:
         return _wait_for_choice(path, attempt_dir / LEADER_BEAT, nonce, stopped)
@@ -130,17 +130,18 @@ def _cancelled_when_stopped(work: Callable[[], object], store: CheckpointStore, 
     running.result()
 
 
-def _ours(path: Path, nonce: str | None) -> bool:
-    """Whether ``path`` is this job run's resume.json: the nonces match (both None outside SLURM, where one
-    node is the whole job, or when SLURM could not say when the job started)."""
-    return path.is_file() and json.loads(path.read_text()).get("nonce") == nonce
+def _ours(path: Path, nonce: str | None) -> dict[str, Any] | None:
+    """The choice in ``path`` if it is this job run's resume.json: the nonces match (both None outside SLURM,
+    where one node is the whole job, or when SLURM could not say when the job started); else None."""
+    chosen = peek_json(path)
+    return chosen if chosen is not None and chosen.get("nonce") == nonce else None
 
 
 def _wait_for_choice(
     path: Path, beat: Path, nonce: str | None = None, stopped: Callable[[], bool] = lambda: False
 ) -> ResumePoint:
     waiting_since = time.time()
-    while not _ours(path, nonce):
+    while (chosen := _ours(path, nonce)) is None:
         if stopped():
             raise Interrupted(f"a stop signal came while waiting for node 0 to publish {path}")
         if (silence := leader_silence(beat, time.time(), waiting_since)) is not None:
@@ -150,7 +151,6 @@ def _wait_for_choice(
                 "the newest committed checkpoint."
             )
         time.sleep(POLL_S)
-    chosen = json.loads(path.read_text())
     if chosen.get("signalled"):
         raise Interrupted("node 0 ended the attempt before training: a stop signal came first")
     if chosen.get("error"):

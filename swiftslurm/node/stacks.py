@@ -18,12 +18,11 @@ refuse to a helper the wrapper starts; a handler the rank installed itself needs
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
 from swiftslurm.signals import DUMP_SIGNAL, outermost_catchers, send
 
@@ -34,10 +33,7 @@ POLL_S = 0.2
 
 def ask(attempt_dir: Path, facts: dict[str, Any]) -> None:
     """Node 0: tell every node's wrapper the run is hung (replaced atomically: a reader sees all or nothing)."""
-    path = hang_file(attempt_dir)
-    temp = path.with_name(f".{path.name}.{os.getpid()}")
-    temp.write_text(json.dumps(facts, indent=1) + "\n")
-    os.replace(temp, path)
+    write_json_atomic(hang_file(attempt_dir), facts, durable=False)
 
 
 def asked(attempt_dir: Path) -> bool:

@@ -26,7 +26,7 @@ from swiftslurm.rundir.layout import attempt_dir, node_log, stacks_dir, trainer_
 from swiftslurm.rundir.lease import TOKEN_ENV
 from swiftslurm.rundir.timeline import TIMELINE_ENV
 from swiftslurm.signals import SAVE_SIGNAL, SignalLog
-from swiftslurm.slurm_env import SlurmEnv, attempt_batch, attempt_ranks, rank_env, reshard_ranks
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, rank_env
 from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
@@ -91,9 +91,10 @@ def train(
     failed); the leader kills it if it hangs and hands each newly committed checkpoint to the background
     uploader."""
     engine = engine_for(plan.launcher)
-    extra = resume_args(plan, where, resume)
-    if (batch := attempt_batch(where, plan)) != plan.batch:  # fewer nodes than planned: the same global batch
-        extra = (*extra, *engine.reshaped_args(batch))
+    shape = AttemptShape.of(where, plan)
+    extra = resume_args(plan, shape, resume)
+    if shape.batch != plan.batch:  # fewer nodes than planned: the same global batch
+        extra = (*extra, *engine.reshaped_args(shape.batch))
     log_path = node_log_path(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
@@ -111,13 +112,13 @@ def train(
     return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer, watcher.hang)
 
 
-def resume_args(plan: JobPlan, where: SlurmEnv, resume: ResumePoint) -> tuple[str, ...]:
+def resume_args(plan: JobPlan, shape: AttemptShape, resume: ResumePoint) -> tuple[str, ...]:
     """The engine's arguments that resume from ``resume``: when the run may shrink, at this attempt's ranks
     (a ZeRO checkpoint written by another number is loaded from the universal form the leader made)."""
     if resume.checkpoint is None:
         return ()
     engine = engine_for(plan.launcher)
-    if (ranks := reshard_ranks(where, plan)) is None:
+    if (ranks := shape.reshard_ranks) is None:
         return engine.resume_args(resume.checkpoint, plan.swift_argv)
     return engine.resume_args_at(resume.checkpoint, plan.swift_argv, ranks)
 
@@ -215,7 +216,7 @@ class _Watcher:
         stacks.ask(self.attempt_dir, self.hang)
         self.dumped = True
         stacks.dump_ranks(self.trainer.pid)
-        missing = stacks.wait_for_stacks(self.attempt_dir, range(attempt_ranks(self.where, self.plan)))
+        missing = stacks.wait_for_stacks(self.attempt_dir, range(AttemptShape.of(self.where, self.plan).ranks))
         return {"stacks": str(stacks_dir(self.attempt_dir)), "stacks_missing": missing}
 
     def kill_if_save_overdue(self, now: float) -> None:

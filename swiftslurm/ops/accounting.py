@@ -17,9 +17,10 @@ from typing import Any
 
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops import ledger
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.plan import PlanGlance
+from swiftslurm.rundir.jsonio import read_json, write_json_atomic
 from swiftslurm.rundir.layout import ACCOUNTING, JOB, attempt_dir, trainer_timeline
-from swiftslurm.rundir.records import read_attempts, read_open_attempt
+from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
 
 ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
@@ -39,9 +40,7 @@ def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
 
 def job_ids(run_dir: Path) -> list[str]:
     """Every SLURM job that carried the run: each attempt's, and the latest submission's (job.json)."""
-    from swiftslurm.rundir.jsonio import read_json
-
-    found = [str(r["job_id"]) for r in read_attempts(run_dir) if r.get("job_id")]
+    found = [str(r.job_id) for r in read_attempts(run_dir) if r.job_id]
     job = read_json(run_dir / JOB) or {}
     if job.get("job_id") and job.get("scheduler") != "local":
         found.append(str(job["job_id"]))
@@ -88,8 +87,6 @@ def _stale(entry: Mapping[str, Any] | None, now: float) -> bool:
 
 
 def _read_cache(run_dir: Path) -> dict[str, Any]:
-    from swiftslurm.rundir.jsonio import read_json
-
     jobs = (read_json(run_dir / ACCOUNTING) or {}).get("jobs")
     return jobs if isinstance(jobs, dict) else {}
 
@@ -104,7 +101,7 @@ def _write_cache(run_dir: Path, jobs: dict[str, Any]) -> None:
 
 def run_ledger(
     run_dir: Path,
-    plan: Mapping[str, Any],
+    plan: PlanGlance,
     jobs: Mapping[str, list[dict[str, Any]]] | None,
     running: bool = False,
     now: float | None = None,
@@ -112,20 +109,13 @@ def run_ledger(
     """The run's ledger from its records and SLURM's rows of its jobs (None or missing: the records alone).
     ``running``: the open attempt is training now (else, without a record, it was lost)."""
     now = time.time() if now is None else now
-    devices, unit = devices_per_node(plan)
+    devices, unit = plan.devices_per_node()
     allocations = [a for rows in (jobs or {}).values() for a in allocations_of(rows, devices)]
     attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in read_attempts(run_dir)]
     opened = _open_attempt(run_dir, {a.attempt for a in attempts})
     if opened is not None:
         attempts.append(ledger.attempt_marks(opened, _events(run_dir, opened), running=running))
     return ledger.compute(allocations, attempts, devices, unit, now)
-
-
-def devices_per_node(plan: Mapping[str, Any]) -> tuple[int, str]:
-    """What each node holds for the run: its GPUs, or (a CPU plan) its training processes."""
-    topology = plan.get("topology") or {}
-    gpus = int(topology.get("gpus_per_node") or 0)
-    return (gpus, "GPU") if gpus else (int(topology.get("procs_per_node") or 1), "CPU process")
 
 
 def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledger.Allocation]:
@@ -137,11 +127,11 @@ def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledg
     ]
 
 
-def _events(run_dir: Path, record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return read_timeline(trainer_timeline(attempt_dir(run_dir, str(record.get("attempt")))))
+def _events(run_dir: Path, record: AttemptRecord) -> list[dict[str, Any]]:
+    return read_timeline(trainer_timeline(attempt_dir(run_dir, record.attempt)))
 
 
-def _open_attempt(run_dir: Path, recorded: set[str]) -> dict[str, Any] | None:
+def _open_attempt(run_dir: Path, recorded: set[str]) -> AttemptRecord | None:
     """The attempt marked open that has no record yet: running now (or lost, until the next one says so)."""
     opened = read_open_attempt(run_dir)
-    return opened if opened and opened.get("attempt") not in recorded else None
+    return opened if opened is not None and opened.attempt not in recorded else None

@@ -86,7 +86,7 @@ def _saved(run_dir: Path, recorded: dict[Path, int]) -> str:
     attempts = read_attempts(run_dir)
     if run_dir not in recorded or len(attempts) <= recorded[run_dir]:
         return ""
-    return f"; saved at step {attempts[-1].get('committed_step')}"
+    return f"; saved at step {attempts[-1].committed_step}"
 
 
 def _scancel(args: list[str]) -> None:

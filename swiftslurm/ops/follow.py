@@ -85,7 +85,7 @@ def current_attempt(run_dir: Path) -> Path | None:
     attempts.jsonl yet (still going; the one status.json names if several are, as after a node died without a
     record), else the last one recorded. Decided from the records, not from which folder changed last."""
     with_logs = {d.name: d for d in logs_dir(run_dir).glob("*") if d.is_dir() and node_logs(d)}
-    ended = [str(r.get("attempt")) for r in read_attempts(run_dir)]
+    ended = [r.attempt for r in read_attempts(run_dir)]
     going = [d for name, d in with_logs.items() if name not in ended]
     named = str((read_status(run_dir) or {}).get("attempt"))
     if going:
@@ -122,7 +122,7 @@ class LogView:
 
     def _after_what(self) -> str:
         ended = read_attempts(self.run_dir)
-        return f" (the one before: {ended[-1].get('reason')} → {ended[-1].get('decision')})" if ended else ""
+        return f" (the one before: {ended[-1].reason} → {ended[-1].decision})" if ended else ""
 
     def read(self, attempt: Path, final: bool) -> list[str]:
         lines = []

@@ -32,9 +32,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
+
+if TYPE_CHECKING:
+    from swiftslurm.rundir.records import AttemptRecord
 
 CATEGORIES = ("startup", "restore", "load", "committed", "lost", "save", "restart", "finish", "uncommitted")
 LABELS = {
@@ -150,32 +153,30 @@ class Ledger:
 # ---------------------------------------------------------------- an attempt's marks
 
 
-def attempt_marks(
-    record: Mapping[str, Any], events: Sequence[Mapping[str, Any]], running: bool = False
-) -> AttemptMarks:
+def attempt_marks(record: AttemptRecord, events: Sequence[Mapping[str, Any]], running: bool = False) -> AttemptMarks:
     """The marks of one attempt from its record (attempts.jsonl, or attempt_open.json while it runs) and its
     trainer's timeline events."""
-    phases = record.get("phases") or {}
-    lost = not running and record.get("end") is None  # closed by the next attempt: it died without a record
-    began = _first_number(phases.get("prepare"), phases.get("agree_on_resume"), record.get("start")) or 0.0
+    phases = record.phases or {}
+    lost = not running and record.end is None  # closed by the next attempt: it died without a record
+    began = _first_number(phases.get("prepare"), phases.get("agree_on_resume"), record.start) or 0.0
     marks = [Mark(began, "lost" if lost else "startup")]
     marks += _phase_marks(record, phases)
     after_commit = "uncommitted" if running else "lost"
     marks += training_marks(events, after_commit) or _estimated_training(record, after_commit)
     marks += _tail_marks(record, phases, events)
-    ended = record.get("end") if isinstance(record.get("end"), (int, float)) else None
-    hosts = len(record.get("hosts") or []) or 1
-    return AttemptMarks(str(record.get("attempt")), _job(record), began, ended, tuple(marks), hosts)
+    ended = record.end if isinstance(record.end, (int, float)) else None
+    hosts = len(record.hosts) or 1
+    return AttemptMarks(record.attempt, _job(record), began, ended, tuple(marks), hosts)
 
 
-def _phase_marks(record: Mapping[str, Any], phases: Mapping[str, float]) -> list[Mark]:
+def _phase_marks(record: AttemptRecord, phases: Mapping[str, float]) -> list[Mark]:
     marks = []
     if "agree_on_resume" in phases:
         marks.append(Mark(phases["agree_on_resume"], "restore"))
     if "train" in phases:
         marks.append(Mark(phases["train"], "load"))
-    elif not phases and isinstance(record.get("start"), (int, float)) and record.get("end") is not None:
-        marks.append(Mark(record["start"], "load"))  # a record from before phases were recorded: trainer start
+    elif not phases and isinstance(record.start, (int, float)) and record.end is not None:
+        marks.append(Mark(record.start, "load"))  # a record from before phases were recorded: trainer start
     return marks
 
 
@@ -198,41 +199,39 @@ def training_marks(events: Sequence[Mapping[str, Any]], after_commit: str = "los
     return marks
 
 
-def _estimated_training(record: Mapping[str, Any], after_commit: str) -> list[Mark]:
+def _estimated_training(record: AttemptRecord, after_commit: str) -> list[Mark]:
     """Without a trainer timeline (records written before it existed): training from the first logged step,
     split into committed and lost by the share of steps committed, at the attempt's average pace."""
-    first = record.get("first_step_at")
-    end = _first_number((record.get("phases") or {}).get("conclude"), record.get("end"))
-    resumed, last = record.get("resume_step") or 0, record.get("last_step") or 0
-    committed = record.get("committed_step") or 0
+    first = record.first_step_at
+    end = _first_number((record.phases or {}).get("conclude"), record.end)
+    resumed, last = record.resume_step or 0, record.last_step or 0
+    committed = record.committed_step or 0
     if not isinstance(first, (int, float)) or end is None or last <= resumed:
         return []
     share = max(0.0, min(1.0, (committed - resumed) / (last - resumed)))
     return [Mark(first, "committed"), Mark(first + share * (end - first), after_commit)]
 
 
-def _tail_marks(
-    record: Mapping[str, Any], phases: Mapping[str, float], events: Sequence[Mapping[str, Any]]
-) -> list[Mark]:
+def _tail_marks(record: AttemptRecord, phases: Mapping[str, float], events: Sequence[Mapping[str, Any]]) -> list[Mark]:
     """From the trainer's last commit (or its exit) to the record and beyond: restart, or finish."""
-    if record.get("decision") is None:
+    if record.decision is None:
         return []  # running, or lost: what follows is not known
-    tail = "finish" if record.get("decision") in FINAL_DECISIONS else "restart"
+    tail = "finish" if record.decision in FINAL_DECISIONS else "restart"
     end = next((e["t"] for e in events if e.get("event") == TRAIN_END), None)
     broken = _last_progress(record, events) if end is None else None
     stopped = _first_number(phases.get("signalled"), phases.get("skip"))
-    exited = _first_number(phases.get("conclude"), record.get("end"))
+    exited = _first_number(phases.get("conclude"), record.end)
     return [Mark(at, tail) for at in (end, broken, stopped, exited) if at is not None]
 
 
-def _last_progress(record: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> float | None:
+def _last_progress(record: AttemptRecord, events: Sequence[Mapping[str, Any]]) -> float | None:
     """The last sign of training in an attempt whose loop never ended (a worker crashed, a rank hung, the
     trainer was killed): the newest logged step node 0 saw (`last_step_at`), save, or the loop's begin. What
     follows is the failure being noticed and the trainer torn down: the restart's, not lost training. Steps
     after the last logged one count to the restart too (ms-swift logs every `logging_steps`)."""
     if not any(e.get("event") == TRAIN_BEGIN for e in events):
         return None  # the trainer never trained (or kept no timeline): nothing to tell apart
-    seen = [record.get("last_step_at"), *(e["t"] for e in events if e.get("event") in (TRAIN_BEGIN, SAVE))]
+    seen = [record.last_step_at, *(e["t"] for e in events if e.get("event") in (TRAIN_BEGIN, SAVE))]
     return max(float(v) for v in seen if isinstance(v, (int, float)))
 
 
@@ -240,8 +239,8 @@ def _first_number(*values: Any) -> float | None:
     return next((float(v) for v in values if isinstance(v, (int, float))), None)
 
 
-def _job(record: Mapping[str, Any]) -> str | None:
-    job = record.get("job_id")
+def _job(record: AttemptRecord) -> str | None:
+    job = record.job_id
     return None if job is None else str(job)
 
 

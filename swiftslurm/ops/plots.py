@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.ops.runs import RunFacts, global_batch
-from swiftslurm.rundir.jsonio import read_json
-from swiftslurm.rundir.layout import plan_file
+from swiftslurm.ops.runs import RunFacts
+from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.metrics import read_metrics
 from swiftslurm.rundir.sweepdir import is_sweep, read_points, run_dirs
 
@@ -41,15 +40,15 @@ def _fit(title: str) -> str:
 
 def plot_run(run_dir: Path) -> list[Path]:
     """loss.png and throughput.png (samples/s, as `status` shows it) in the run dir (none before a step)."""
-    plan = read_json(plan_file(run_dir)) or {}
-    name = str(plan.get("run_name", run_dir.name))
+    name = PlanGlance.read(run_dir).run_name or run_dir.name
     return [_line_plot(run_dir / file, series, label, name) for file, (series, label) in run_series(run_dir).items()]
 
 
 def run_series(run_dir: Path) -> dict[str, tuple[tuple[tuple[int, float], ...], str]]:
     """What each run plot shows: file name -> ((step, value), ...), axis label; a file without values is left out."""
     metrics = read_metrics(run_dir)
-    batch = global_batch(read_json(plan_file(run_dir)) or {})
+    plan_batch = PlanGlance.read(run_dir).batch
+    batch = plan_batch.global_ if plan_batch else None
     speed = tuple((s, batch / v) for s, v in metrics.speeds if v > 0) if batch else ()
     wanted = {"loss.png": (metrics.losses, "training loss"), "throughput.png": (speed, "samples/s")}
     return {file: (series, label) for file, (series, label) in wanted.items() if series}

@@ -16,6 +16,7 @@ from typing import Any
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.ops.accounting import run_ledger
 from swiftslurm.ops.ledger import Ledger
+from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
     JOB,
@@ -23,11 +24,10 @@ from swiftslurm.rundir.layout import (
     SYNC_STATE,
     logs_dir,
     output_dir,
-    plan_file,
     slurm_log,
 )
 from swiftslurm.rundir.metrics import read_metrics
-from swiftslurm.rundir.records import is_cancelled, read_attempts, read_status
+from swiftslurm.rundir.records import AttemptRecord, is_cancelled, read_attempts, read_status
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
@@ -107,10 +107,10 @@ class RunFacts:
         return facts
 
 
-def _attempt_reason(record: dict[str, Any]) -> str:
+def _attempt_reason(record: AttemptRecord) -> str:
     """reason→decision; with the node count for a run that may shrink (its records hold `nodes`)."""
-    text = f"{record.get('reason')}→{record.get('decision')}"
-    return f"{text} on {record['nodes']} nodes" if record.get("nodes") else text
+    text = f"{record.reason}→{record.decision}"
+    return f"{text} on {record.nodes} nodes" if record.nodes else text
 
 
 def gather(
@@ -118,7 +118,7 @@ def gather(
 ) -> RunFacts:
     """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
     ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
-    plan = read_json(plan_file(run_dir)) or {}
+    plan = PlanGlance.read(run_dir)
     job = submission(run_dir)
     status = read_status(run_dir) or {}
     if superseded(status, job):
@@ -133,11 +133,11 @@ def gather(
     if job.get("by_hand") and not status:
         why = _hand_submitted_why(run_dir, str(job_id), state, why)
     committed, _ = newest_committed(output_dir(run_dir))
-    batch = global_batch(plan)
+    batch = plan.batch.global_ if plan.batch else None
     spent = run_ledger(run_dir, plan, jobs, running=state == "running")
     return RunFacts(
         run_dir=str(run_dir),
-        run_name=str(plan.get("run_name", run_dir.name)),
+        run_name=plan.run_name or run_dir.name,
         state=state,
         why=why,
         job_id=job_id,
@@ -194,15 +194,6 @@ def _hand_submitted_why(run_dir: Path, job_id: str, state: str, why: str) -> str
     if state == "pending":
         return f"submitted by hand as job {job_id}; no word from the wrapper yet: see {log}"
     return f"{why}; see {log}" if why else f"see {log}"
-
-
-def global_batch(plan: dict[str, Any]) -> int | None:
-    """Samples per optimizer step (plan.json's batch): samples/s = this ÷ seconds per step, in `status` and plots."""
-    batch = plan.get("batch") or {}
-    try:
-        return int(batch["micro"]) * int(batch["grad_accum"]) * int(batch["data_parallel"])
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 # SLURM states of a job that is over. A requeued job in the queue is PENDING (squeue); sacct's REQUEUED for a

@@ -12,7 +12,6 @@ boto3's standard chain, as on the nodes. Only committed checkpoints (with a remo
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.errors import StorageError, SwiftSlurmError, report
-from swiftslurm.plan import StorageSpec
+from swiftslurm.plan import PlanGlance, StorageSpec
 from swiftslurm.rundir.layout import plan_file
 from swiftslurm.storage.store import CheckpointStore, MiB, newest_remote_step
 
@@ -29,7 +28,7 @@ def _plan_storage(run_dir: Path) -> dict[str, Any]:
     path = plan_file(run_dir)
     if not path.is_file():
         raise StorageError(f"{path} does not exist. HINT: pass the run directory that holds plan.json.")
-    storage = json.loads(path.read_text()).get("storage")
+    storage = PlanGlance.read_required(run_dir).storage
     if not storage or storage.get("kind") == "none":
         raise StorageError(
             f"{path} has no `storage` section (the run was planned without object storage). "

@@ -35,7 +35,7 @@ from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.plan import JobPlan
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import probe as torch_probe
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import peek_json, read_json, write_json_atomic
 from swiftslurm.rundir.layout import (
     PREFLIGHT_REPORT,
     plan_file,
@@ -175,9 +175,10 @@ def _peer_report(
 
 
 def _read_report_file(path: Path) -> pc.NodeReport | None:
+    data = peek_json(path)
     try:
-        return pc.NodeReport.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        return pc.NodeReport.from_dict(data) if data is not None else None
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -243,7 +244,7 @@ def _write_token(ctx: Context) -> pc.Check:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, token)
-        back = json.loads(path.read_text())
+        back = read_json(path)  # None: what was written did not come back whole
     except (OSError, ValueError) as err:
         return pc.run_dir_writable(str(path), _errno_text(err) if isinstance(err, OSError) else str(err))
     return pc.run_dir_writable(str(path), None if back == token else f"read back {back}, wrote {token}")
@@ -258,10 +259,7 @@ def _token_check(ctx: Context, node: int, reader: str, writer: str, deadline: fl
 
 
 def _token_of(path: Path, node: int) -> bool:
-    try:
-        return bool(json.loads(path.read_text()).get("node") == node)
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (peek_json(path) or {}).get("node") == node
 
 
 def _existing_parent(path: Path) -> Path:

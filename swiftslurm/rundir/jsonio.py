@@ -1,12 +1,22 @@
-"""JSON in a run directory, written and read one way: whole or absent on disk, a dict or None when read."""
+"""JSON in a run directory, written and read one way.
+
+- ``write_json_atomic`` / ``write_text_atomic``: the file is whole or absent (temp file, rename).
+- ``read_json``: a dict or None (missing, torn or not an object); ``peek_json`` also None while another node's
+  replace makes it unreadable for a moment (a poll tries again); ``read_json_required``: a dict, or an
+  ``UnreadableJson`` naming the file.
+- ``append_jsonl`` / ``read_jsonl``: one line per record, appended in one write; a reader skips a torn last line.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from swiftslurm.errors import UnreadableJson
 
 
 def sync_filesystems(paths: list[Path]) -> None:
@@ -25,14 +35,6 @@ def sync_filesystems(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def fsync_dir(path: Path) -> None:
     """fsync a folder, so a rename or new file in it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
@@ -42,12 +44,94 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Temp file in the same folder, fsync, rename, fsync the folder: the file is whole or absent."""
+# ---------------------------------------------------------------- whole files
+
+
+def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Temp file in the same folder, rename: readers see the old file or the new one, never a part. ``durable``:
+    fsync the file and the folder; without, the caller syncs once for many files (sync_filesystems)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=1)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any], durable: bool = True) -> None:
+    """``data`` as JSON, whole or absent on disk (write_text_atomic)."""
+    write_text_atomic(path, json.dumps(data, indent=1), durable)
+
+
+def _parse_object(text: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when there is no file, it is cut short, or it holds no object."""
+    try:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return _parse_object(text)
+
+
+def peek_json(path: Path) -> dict[str, Any] | None:
+    """read_json for a file a poll reads while another node may replace it: None also while it cannot be read
+    just now (a network filesystem answers ESTALE mid-replace); the poll asks again."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    return _parse_object(text)
+
+
+def read_json_required(path: Path, hint: str) -> dict[str, Any]:
+    """The JSON object in ``path``, or UnreadableJson saying what is wrong with which file, and ``hint``."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise UnreadableJson(f"{path} cannot be read ({err.strerror or err}). HINT: {hint}") from err
+    data = _parse_object(text)
+    if data is None:
+        raise UnreadableJson(f"{path} is not a whole JSON object (cut short or edited?). HINT: {hint}")
+    return data
+
+
+# ---------------------------------------------------------------- one record per line
+
+
+def append_jsonl(path: Path, records: Iterable[Mapping[str, Any]], durable: bool = True) -> None:
+    """Append one line per record in a single write (O_APPEND: appends of other writers never interleave with
+    it); ``durable``: fsync before returning. Nothing is written for no records."""
+    text = "".join(json.dumps(record) + "\n" for record in records)
+    if not text:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode())
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of ``path``, one a line, oldest first ([] without a file). A line that is not a whole
+    object (the torn last line of a crash mid-append, or one being written now) is skipped."""
+    try:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [record for line in text.splitlines() if (record := _parse_object(line)) is not None]

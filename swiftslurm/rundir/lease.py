@@ -18,7 +18,6 @@ cluster, so logs/<attempt>/resume.json may be a stale one from an earlier job wi
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import socket
 import time
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import read_json, write_json_atomic
 from swiftslurm.rundir.layout import lease_file, lease_lock
 
 if TYPE_CHECKING:
@@ -74,11 +73,7 @@ class Lease:
 
 def read(run_dir: Path) -> dict[str, Any]:
     """The lease as written ({} when nobody ever held it, or it is unreadable)."""
-    try:
-        data = json.loads(lease_file(run_dir).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json(lease_file(run_dir)) or {}
 
 
 def holds(run_dir: Path, token: int) -> bool:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import ast
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.rundir.jsonio import read_jsonl
 from swiftslurm.rundir.layout import METRICS, leader_logs, output_dir
 
 
@@ -30,13 +30,7 @@ _LOG_RECORD = re.compile(r"\{'loss': [^{}]*\}")  # ms-swift's progress line in a
 def _metric_records(run_dir: Path) -> list[dict[str, Any]]:
     """ms-swift's per-step records: output/logging.jsonl, or, while it has none yet (it can lag behind),
     the progress lines of node 0's logs, oldest attempt first."""
-    records = []
-    path = output_dir(run_dir) / METRICS
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written
+    records: list[dict[str, Any]] = read_jsonl(output_dir(run_dir) / METRICS)  # skips a line being written
     if any("loss" in r for r in records if isinstance(r, dict)):
         return records
     logs = sorted(leader_logs(run_dir), key=lambda p: p.stat().st_mtime)

@@ -6,39 +6,121 @@ successive attempts never interleave). status.json is the run's current state, r
 
 from __future__ import annotations
 
-import json
-import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.rundir.jsonio import sync_filesystems, write_json_atomic
+from swiftslurm.rundir.jsonio import (
+    append_jsonl,
+    peek_json,
+    read_json,
+    read_jsonl,
+    sync_filesystems,
+    write_json_atomic,
+)
 from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, JOB, OPEN_ATTEMPT, STATUS, node_result
 
 
-def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / ATTEMPTS
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line from a crash: skip it, keep the rest
-            continue
-    return records
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt, as a line of attempts.jsonl (and attempt_open.json while it runs). Every field is optional:
+    a lost attempt knows little, and rows written by earlier versions lack later fields; keys this version does
+    not know are kept in ``extra``.
+
+    On disk a row holds the facts it has, and the keys in ``keep_keys`` even when null or empty: a concluded
+    attempt's row (CONCLUDED_KEYS) shows every fact it could have, so that a reader of the file sees
+    `"failed_host": null`; a row read back is written with the keys it had."""
+
+    attempt: str = ""
+    job_id: str | None = None
+    restart_count: int | None = None
+    hosts: tuple[str, ...] = ()
+    start: float | None = None
+    end: float | None = None  # None: it ended without a record (closed as lost by the next attempt)
+    exit_code: int | None = None
+    signals: tuple[tuple[str, float], ...] = ()  # (signal name, when) in the order they came
+    first_step_at: float | None = None
+    last_step: int | None = None
+    last_step_at: float | None = None  # when node 0 saw that step: the last sign of training
+    max_steps: int | None = None
+    resumed_from: str | None = None
+    resume_step: int | None = None
+    quarantined: tuple[str, ...] = ()
+    rejected: tuple[str, ...] = ()
+    committed_step: int | None = None
+    progressed: bool | None = None  # it committed a newer checkpoint than it resumed from
+    failed_host: str | None = None
+    reason: str | None = None  # decide.Reason's value
+    decision: str | None = None  # decide.Action's value; None while the attempt runs
+    why: str | None = None
+    delay_s: float | None = None
+    exclude_hosts: tuple[str, ...] = ()
+    failed_host_evidence: str | None = None
+    end_time_error: str | None = None
+    hang: dict[str, Any] | None = None
+    phases: dict[str, float] | None = None  # phase name -> when the attempt entered it (attempt.py)
+    nodes: int | None = None  # the attempt's node count, for a run that may shrink
+    next_nodes: int | None = None  # the node count the next attempt asks for
+    preflight: str | None = None  # "failed": the preflight stopped the run before training
+    refused: bool | None = None  # the wrapper refused to start the attempt
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    keep_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def facts(cls) -> tuple[str, ...]:
+        """The names of the facts a row may hold (every field but ``extra`` and ``keep_keys``)."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("extra", "keep_keys"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptRecord:
+        """A row as written by this or an earlier version: a missing key, or a null where this version writes a
+        list, reads as the field's default."""
+        known = cls.facts()
+        values = {name: _as_tuple(value) for name, value in data.items() if name in known and value is not None}
+        if "attempt" in values:
+            values["attempt"] = str(values["attempt"])
+        extra = {k: v for k, v in data.items() if k not in known}
+        return cls(**values, extra=extra, keep_keys=tuple(k for k in data if k in known))
+
+    def as_dict(self) -> dict[str, Any]:
+        row = {name: getattr(self, name) for name in self.facts()}
+        row = {k: v for k, v in row.items() if k in self.keep_keys or not _unset(v)}
+        return dict(sorted({**self.extra, **row}.items()))
 
 
-def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
-    with open(run_dir / ATTEMPTS, "a") as out:
-        out.write(json.dumps(record, sort_keys=True) + "\n")
+def _unset(value: Any) -> bool:
+    """What a field holds when the row has no such fact."""
+    return value is None or (isinstance(value, (tuple, dict)) and not value)
 
 
-def close_attempt(run_dir: Path, record: dict[str, Any]) -> None:
+# What a concluded attempt's row shows even when null or empty; only a run that may shrink adds its node counts.
+CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in ("nodes", "next_nodes", "preflight", "refused"))
+
+
+def _as_tuple(value: Any) -> Any:
+    """JSON lists as the record's tuples (signals: a tuple of pairs)."""
+    if isinstance(value, list):
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return value
+
+
+def read_attempts(run_dir: Path) -> list[AttemptRecord]:
+    """The recorded attempts, oldest first; a torn last line (a crash mid-append) is skipped."""
+    return [AttemptRecord.from_dict(row) for row in read_jsonl(run_dir / ATTEMPTS)]
+
+
+def append_attempt(run_dir: Path, record: AttemptRecord) -> None:
+    append_jsonl(run_dir / ATTEMPTS, [record.as_dict()])
+
+
+def close_attempt(run_dir: Path, record: AttemptRecord) -> None:
     """Record a concluded attempt, then drop its open mark: a finished run dir holds no attempt_open.json. In
     that order, so a crash between them leaves a mark of a recorded attempt, which open_attempt ignores."""
     append_attempt(run_dir, record)
-    if (read_open_attempt(run_dir) or {}).get("attempt") == record.get("attempt"):
+    opened = read_open_attempt(run_dir)
+    if opened is not None and opened.attempt == record.attempt:
         (run_dir / OPEN_ATTEMPT).unlink(missing_ok=True)
 
 
@@ -61,34 +143,21 @@ def update_status(run_dir: Path, **facts: Any) -> None:
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / STATUS).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(run_dir / STATUS)
 
 
-def read_open_attempt(run_dir: Path) -> dict[str, Any] | None:
+def read_open_attempt(run_dir: Path) -> AttemptRecord | None:
     """The attempt marked open (attempt_open.json), or None."""
-    try:
-        data = json.loads((run_dir / OPEN_ATTEMPT).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    data = read_json(run_dir / OPEN_ATTEMPT)
+    return AttemptRecord.from_dict(data) if data is not None else None
 
 
-def open_attempt(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+def open_attempt(run_dir: Path, record: AttemptRecord) -> AttemptRecord | None:
     """Mark an attempt as started; return the previous open one if it never wrote its record."""
-    path = run_dir / OPEN_ATTEMPT
-    previous = None
-    if path.is_file():
-        try:
-            previous = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            previous = None
-    write_json_atomic(path, record)
-    recorded = {r.get("attempt") for r in read_attempts(run_dir)}
-    return previous if previous and previous.get("attempt") not in recorded else None
+    previous = read_open_attempt(run_dir)
+    write_json_atomic(run_dir / OPEN_ATTEMPT, record.as_dict())
+    recorded = {r.attempt for r in read_attempts(run_dir)}
+    return previous if previous and previous.attempt not in recorded else None
 
 
 def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -> None:
@@ -98,10 +167,7 @@ def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -
 
 def read_node_exit_code(path: Path) -> int | None:
     """The trainer's exit code in a node result (write_node_result), or None while there is none."""
-    try:
-        code = json.loads(path.read_text()).get("exit_code")
-    except (OSError, ValueError, AttributeError):  # not written yet, or being replaced
-        return None
+    code = (peek_json(path) or {}).get("exit_code")  # None: not written yet, or being replaced
     return code if isinstance(code, int) else None
 
 
@@ -125,9 +191,7 @@ def record_submissions(jobs: list[tuple[Path, str]], scheduler: str) -> None:
     one sync for all of them instead of two fsyncs per run."""
     now = time.time()
     for run_dir, job_id in jobs:
-        tmp = run_dir / f".{JOB}.{os.getpid()}"
-        tmp.write_text(json.dumps({"job_id": job_id, "scheduler": scheduler, "submitted": now}, indent=1))
-        os.replace(tmp, run_dir / JOB)
+        write_json_atomic(run_dir / JOB, {"job_id": job_id, "scheduler": scheduler, "submitted": now}, durable=False)
     sync_filesystems([run_dir for run_dir, _ in jobs])
 
 

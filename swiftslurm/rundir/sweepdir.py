@@ -10,14 +10,12 @@ and resumed on its own. Running the same sweep again skips the points that are f
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.rundir.jsonio import read_json
+from swiftslurm.rundir.jsonio import append_jsonl, read_json, read_jsonl
 from swiftslurm.rundir.layout import plan_file
 
 SWEEP_FILE = "sweep.jsonl"  # in the sweep folder, beside its run directories: one line per recorded point
@@ -30,14 +28,11 @@ def record_points(sweep_dir: Path, points: Iterable[dict[str, Any]]) -> None:
     """Append one line per point, then fsync once: a 1000-point sweep costs one write and one fsync per batch,
     not a rewrite of the whole record per point (quadratic). A point recorded again supersedes its older line."""
     now = time.time()
-    text = "".join(json.dumps({**point, "at": now}) + "\n" for point in points)
-    if not text:
+    stamped = [{**point, "at": now} for point in points]
+    if not stamped:
         return
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with open(sweep_dir / SWEEP_FILE, "a") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
+    append_jsonl(sweep_dir / SWEEP_FILE, stamped)
 
 
 def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
@@ -64,12 +59,8 @@ def read_points(sweep_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return list((read_json(sweep_dir / LEGACY_SWEEP_FILE) or {}).get("points", []))
     newest: dict[str, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            point = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(point, dict) and point.get("run_dir"):
+    for point in read_jsonl(path):
+        if point.get("run_dir"):
             newest[point["run_dir"]] = point
     return sorted(newest.values(), key=lambda p: p.get("num", 0))
 

@@ -12,11 +12,12 @@ Only the standard library here: every training rank imports it.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from swiftslurm.rundir.jsonio import append_jsonl, read_jsonl
 
 TIMELINE_ENV = "SWIFTSLURM_TIMELINE"  # set by the wrapper (watch.py): where rank 0 writes the events
 
@@ -45,13 +46,8 @@ class TimelineWriter:
     def event(self, kind: str, **facts: Any) -> None:
         if self.path is None:
             return
-        line = json.dumps({"event": kind, "t": round(time.time(), 3), **facts}) + "\n"
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+            append_jsonl(self.path, [{"event": kind, "t": round(time.time(), 3), **facts}], durable=False)
         except OSError as err:
             print(f"[swiftslurm] the trainer timeline {self.path} cannot be written ({err}); not recorded", flush=True)
             self.path = None
@@ -64,16 +60,4 @@ class TimelineWriter:
 
 def read_timeline(path: Path) -> list[dict[str, Any]]:
     """The events of one attempt's trainer, oldest first ([] without a file); a torn last line is skipped."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    events = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("t"), (int, float)):
-            events.append(record)
-    return events
+    return [event for event in read_jsonl(path) if isinstance(event.get("t"), (int, float))]

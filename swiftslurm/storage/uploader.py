@@ -5,7 +5,6 @@ See swiftslurm.storage.store for the remote layout (a checkpoint is remote only 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swiftslurm.ckpt.checkpoint import checkpoint_step, is_committed
+from swiftslurm.rundir.jsonio import append_jsonl
 from swiftslurm.storage.priority import lower_this_thread
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 
@@ -174,8 +174,7 @@ class Uploader:
             return
         line = asdict(result) | {"started": round(started, 3), "seconds": round(result.seconds, 3)}
         try:
-            with self.history.open("a") as out:  # one writer (this thread), whole lines
-                out.write(json.dumps(line) + "\n")
+            append_jsonl(self.history, [line], durable=False)
         except OSError as err:  # a record of the upload, not the upload: never fail it for this
             log.warning(f"[swiftslurm] could not append to {self.history}: {err}")
 

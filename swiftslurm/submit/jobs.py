@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.planning.validate import NO_TIME_LIMIT
 from swiftslurm.render import render_sbatch, task_count_lines
 from swiftslurm.rundir import layout as rundir
+from swiftslurm.rundir.jsonio import write_text_atomic
 
 if TYPE_CHECKING:
     import submitit
@@ -25,13 +25,7 @@ if TYPE_CHECKING:
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     """Write via a temp file in the same directory and rename: readers see the old or the new file. Not
     ``durable``: no fsync; the caller syncs once for many files (a sweep's run dirs) before submitting."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-        if durable:
-            out.flush()
-            os.fsync(out.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, text, durable)
 
 
 def check_same_run(plan: JobPlan, existing: Path) -> None:

@@ -10,7 +10,6 @@ submits it, waits for it and prints node 0's report. With the local scheduler th
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shlex
@@ -25,6 +24,7 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import gather as node_preflight
 from swiftslurm.render import sbatch_directives, sbatch_value
+from swiftslurm.rundir.jsonio import peek_json
 from swiftslurm.rundir.layout import PREFLIGHT, SBATCH, SLURM_LOG, plan_file, preflight_dir, preflight_report, slurm_log
 from swiftslurm.slurm_env import SlurmEnv
 
@@ -87,9 +87,10 @@ def _wait_for(job_id: str) -> None:
 
 def read_report(path: Path) -> pc.Report | None:
     """Node 0's report.json; None while there is none (or it cannot be read)."""
+    data = peek_json(path)
     try:
-        return pc.Report.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
+        return pc.Report.from_dict(data) if data is not None else None
+    except ValueError:
         return None
 
 

@@ -29,8 +29,9 @@ from swiftslurm.ckpt.checkpoint import (
     problems,
     read_manifest,
 )
-from swiftslurm.rundir.layout import QUARANTINE
-from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.rundir.jsonio import read_jsonl
+from swiftslurm.rundir.layout import ATTEMPTS, QUARANTINE
+from swiftslurm.rundir.records import read_status
 from tests.conftest import REPO
 from tests.integration.conftest import TERMINAL, job_state, swiftslurm
 
@@ -108,7 +109,7 @@ def next_attempt(run_dir: Path, known: list[str], timeout_s: float = 600) -> str
 
 
 def recorded_attempts(run_dir: Path) -> set[str]:
-    return {record["attempt"] for record in read_attempts(run_dir)}
+    return {record["attempt"] for record in read_jsonl(run_dir / ATTEMPTS)}
 
 
 def wait_for_training(run_dir: Path, attempt: str, timeout_s: float = 300) -> bool:
@@ -382,7 +383,7 @@ def assert_kill_history(
     run_dir: Path, seen: list[ResumeSeen], kills: list[str], mid_save: dict[str, Path], keep: int
 ) -> None:
     output = run_dir / "output"
-    records = read_attempts(run_dir)
+    records = read_jsonl(run_dir / ATTEMPTS)
     for record in records:
         print(describe(record))
     assert (read_status(run_dir) or {}).get("state") == "finished", read_status(run_dir)
@@ -581,7 +582,7 @@ def test_lost_node_is_excluded_and_the_run_finishes_on_the_others(tmp_path: Path
 
 
 def assert_run_finished_without(run_dir: Path, job: str, state: str, victim: str, lost: str) -> None:
-    records = read_attempts(run_dir)
+    records = read_jsonl(run_dir / ATTEMPTS)
     instances = job_instances(job)
     for record in records:
         print(describe(record))

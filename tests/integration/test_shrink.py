@@ -29,7 +29,9 @@ import pytest
 
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.ops.runs import gather
-from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.rundir.jsonio import read_jsonl
+from swiftslurm.rundir.layout import ATTEMPTS
+from swiftslurm.rundir.records import read_status
 from tests.integration.test_faults import (
     FAST_RETRIES,
     attempt_ids,
@@ -134,7 +136,7 @@ def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
         cancel_if_active(job)
         if lost is not None:
             restore_node(lost, cluster_state_dir())
-    records = read_attempts(run_dir)
+    records = read_jsonl(run_dir / ATTEMPTS)
     for record in records:
         print({k: record.get(k) for k in ("attempt", "hosts", "nodes", "next_nodes", "reason", "decision", "why")})
     assert state == "COMPLETED" and (read_status(run_dir) or {}).get("state") == "finished", records

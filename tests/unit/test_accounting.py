@@ -13,7 +13,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SubmitError
 from swiftslurm.ops import accounting, status
 from swiftslurm.rundir.layout import attempt_dir, trainer_timeline
-from swiftslurm.rundir.records import append_attempt, record_submission
+from swiftslurm.rundir.records import AttemptRecord, append_attempt, record_submission
 from swiftslurm.rundir.timeline import TIMELINE_ENV, TimelineWriter, read_timeline
 
 
@@ -96,7 +96,7 @@ def test_status_of_a_run_shows_its_ledger_and_json_carries_it(
     phases = {"prepare": 12, "agree_on_resume": 13, "train": 14, "conclude": 80}
     append_attempt(
         run_dir,
-        {"attempt": "7", "job_id": "7", "hosts": ["a", "b"], "end": 81, "decision": "done"} | {"phases": phases},
+        AttemptRecord("7", "7", hosts=("a", "b"), end=81, decision="done", phases=phases),
     )
     timeline(
         run_dir,

@@ -84,17 +84,17 @@ def test_a_run_committed_at_its_last_step_starts_no_trainer_and_is_finished(
     assert no_trainer == []
     assert (result.decision, result.exit_code, result.resumed_from) == ("done", 0, str(last))
     lost, skipped = read_attempts(run_dir)
-    assert (lost["attempt"], lost["reason"], lost["decision"]) == (JOB, "infra", "requeue"), lost
-    assert skipped["attempt"] == f"{JOB}.r1", skipped
-    assert (skipped["reason"], skipped["decision"], skipped["exit_code"]) == ("finished", "done", 0), skipped
-    assert skipped["resume_step"] == skipped["committed_step"] == LAST_STEP, skipped
-    assert skipped["last_step"] is None and skipped["first_step_at"] is None, skipped  # nothing trained
+    assert (lost.attempt, lost.reason, lost.decision) == (JOB, "infra", "requeue"), lost
+    assert skipped.attempt == f"{JOB}.r1", skipped
+    assert (skipped.reason, skipped.decision, skipped.exit_code) == ("finished", "done", 0), skipped
+    assert skipped.resume_step == skipped.committed_step == LAST_STEP, skipped
+    assert skipped.last_step is None and skipped.first_step_at is None, skipped  # nothing trained
     status = read_status(run_dir)
     assert status is not None and (status["state"], status["committed_step"]) == ("finished", LAST_STEP), status
-    chosen = json.loads(resume_file(run_dir, skipped["attempt"]).read_text())
+    chosen = json.loads(resume_file(run_dir, skipped.attempt).read_text())
     expected = {"checkpoint": str(last), "step": LAST_STEP, "complete": True, "nonce": None}  # no such SLURM job
     assert chosen == expected  # what the other nodes read
-    assert not (attempt_dir(run_dir, skipped["attempt"]) / "node0.log").exists()  # no trainer output either
+    assert not (attempt_dir(run_dir, skipped.attempt) / "node0.log").exists()  # no trainer output either
 
 
 def test_a_checkpoint_below_its_last_step_is_trained_from(tmp_path: Path, no_trainer: list[object]) -> None:

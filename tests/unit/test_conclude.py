@@ -25,6 +25,7 @@ from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import records
 from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, attempt_dir, node_log
+from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
 
@@ -115,7 +116,9 @@ def recorded(tmp_path: Path) -> dict[str, object]:
 def past_attempts(tmp_path: Path, *entries: dict[str, object]) -> None:
     (tmp_path / "run").mkdir(parents=True, exist_ok=True)
     for entry in entries:
-        records.append_attempt(tmp_path / "run", {"progressed": False, "failed_host": None, **entry})
+        records.append_attempt(
+            tmp_path / "run", AttemptRecord.from_dict({"progressed": False, "failed_host": None, **entry})
+        )
 
 
 # --- 7. a stop signal when scontrol cannot say the time limit ------------------------------------------------

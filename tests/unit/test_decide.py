@@ -24,6 +24,7 @@ from swiftslurm.node.decide import (
     node_down,
     own_fault,
 )
+from swiftslurm.rundir.records import AttemptRecord
 
 # --- log excerpts, as ms-swift / torch / torchrun / SLURM print them --------------------------------------
 
@@ -448,8 +449,8 @@ def test_history_counts_attempts_timeouts_preemptions_and_failed_hosts() -> None
     )
 
 
-def record(reason: Reason, decision: Action, progressed: bool = False, host: str | None = None) -> dict[str, object]:
-    return {"reason": reason.value, "decision": decision.value, "progressed": progressed, "failed_host": host}
+def record(reason: Reason, decision: Action, progressed: bool = False, host: str | None = None) -> AttemptRecord:
+    return AttemptRecord(reason=reason.value, decision=decision.value, progressed=progressed, failed_host=host)
 
 
 def test_recorded_history_is_the_fold_of_its_attempts() -> None:
@@ -581,8 +582,8 @@ def test_history_keeps_when_each_host_last_failed() -> None:
     past = history_after(past, Reason.INFRA, False, "gpu-b2", at=300.0)
     assert past.failed_hosts == (("gpu-a1", 200.0), ("gpu-b2", 300.0))
     recorded = [
-        {"reason": "infra", "decision": "requeue", "failed_host": "gpu-b2", "end": 100.0},
-        {"reason": "infra", "decision": "requeue", "failed_host": None, "end": 150.0},
+        AttemptRecord(reason="infra", decision="requeue", failed_host="gpu-b2", end=100.0),
+        AttemptRecord(reason="infra", decision="requeue", failed_host=None, end=150.0),
     ]
     assert history_of(recorded) == history_after(
         history_after(None, Reason.INFRA, False, "gpu-b2", 100.0), Reason.INFRA, False, None, 150.0
@@ -641,7 +642,7 @@ def test_restarts_without_progress_stop_the_run_with_no_progress() -> None:
 
 def test_restarts_count_in_the_history_like_any_infra_attempt() -> None:
     recorded = [
-        {"reason": "infra", "decision": "restart", "progressed": False, "end": 1.0},
-        {"reason": "infra", "decision": "restart", "progressed": False, "end": 2.0},
+        AttemptRecord(reason="infra", decision="restart", progressed=False, end=1.0),
+        AttemptRecord(reason="infra", decision="restart", progressed=False, end=2.0),
     ]
     assert history_of(recorded) == history(attempts=2, consecutive_failures=2, failed_hosts=())

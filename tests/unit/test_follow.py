@@ -28,7 +28,7 @@ from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import gather as preflight
 from swiftslurm.rundir import records
 from swiftslurm.rundir.layout import attempt_dir, node_log
-from swiftslurm.rundir.records import record_submission
+from swiftslurm.rundir.records import AttemptRecord, record_submission
 from swiftslurm.rundir.sweepdir import record_point
 from swiftslurm.slurm_env import SlurmEnv
 
@@ -115,7 +115,7 @@ def test_logs_follow_announces_a_requeue_and_ends_with_the_run_state(tmp_path: P
 
     def requeue() -> None:
         log(run_dir, "7", "step 2")  # written before the requeue, read after the next attempt exists
-        records.append_attempt(run_dir, {"attempt": "7", "reason": "preempted", "decision": "requeue"})
+        records.append_attempt(run_dir, AttemptRecord("7", reason="preempted", decision="requeue"))
         log(run_dir, "7.r1", "resumed")
         records.write_status(run_dir, "running", attempt="7.r1")
 
@@ -202,11 +202,11 @@ def test_a_sweep_does_not_print_hydras_launching_jobs_locally(tmp_path: Path) ->
 def test_the_current_attempt_comes_from_the_records_after_a_restart_in_place(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "run")
     log(run_dir, "7", "first")
-    records.append_attempt(run_dir, {"attempt": "7", "reason": "crashed", "decision": "restart"})
+    records.append_attempt(run_dir, AttemptRecord("7", reason="crashed", decision="restart"))
     records.write_status(run_dir, "restarting", attempt="7")  # status.json still names the attempt that ended
     log(run_dir, "7.i1", "again")
     assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
-    records.append_attempt(run_dir, {"attempt": "7.i1", "reason": "finished", "decision": "done"})
+    records.append_attempt(run_dir, AttemptRecord("7.i1", reason="finished", decision="done"))
     os.utime(node_log(attempt_dir(run_dir, "7"), 0))  # touched later: the records still decide
     assert current_attempt(run_dir) == attempt_dir(run_dir, "7.i1")
 

@@ -20,6 +20,7 @@ from swiftslurm.node.watch import trainer_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_file
+from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
@@ -166,7 +167,7 @@ def test_a_leader_that_lost_the_lease_closes_no_attempt(tmp_path: Path) -> None:
     with pytest.raises(lease.LeaseLost):
         close_lost_attempt(run_dir, plan, leader_of("5"), "5", old, alive=lambda job: False)
     assert not (run_dir / ATTEMPTS).exists()
-    assert records.read_open_attempt(run_dir) == {"attempt": "4", "job_id": "4", "start": 1.0}
+    assert records.read_open_attempt(run_dir) == AttemptRecord("4", "4", start=1.0)
 
 
 def test_an_open_attempt_whose_job_slurm_still_holds_is_not_lost(tmp_path: Path) -> None:
@@ -178,7 +179,7 @@ def test_an_open_attempt_whose_job_slurm_still_holds_is_not_lost(tmp_path: Path)
     assert why is not None and "SLURM still holds job 4" in why
     assert not (run_dir / ATTEMPTS).exists()
     assert close_lost_attempt(run_dir, plan, leader_of("5"), "5", alive=lambda job: False) is None
-    assert records.read_attempts(run_dir)[0]["attempt"] == "4"  # gone from SLURM: lost
+    assert records.read_attempts(run_dir)[0].attempt == "4"  # gone from SLURM: lost
 
 
 def commit_with_a_committer(folder: Path) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from swiftslurm.ops.ledger import CATEGORIES, Allocation, AttemptMarks, Ledger, attempt_marks, compute
+from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
 
 WIDTH = 8  # 2 nodes × 4 GPUs
@@ -14,6 +15,11 @@ WIDTH = 8  # 2 nodes × 4 GPUs
 
 def record(attempt: str, decision: str | None, end: float | None, **phases: float) -> dict[str, Any]:
     return {"attempt": attempt, "job_id": "7", "hosts": ["a", "b"], "decision": decision, "end": end, "phases": phases}
+
+
+def marks(row: dict[str, Any], events: list[dict[str, Any]], running: bool = False) -> AttemptMarks:
+    """attempt_marks of a row as attempts.jsonl holds it."""
+    return attempt_marks(AttemptRecord.from_dict(row), events, running)
 
 
 def begin(t: float) -> dict[str, Any]:
@@ -37,11 +43,11 @@ def seconds(ledger: Ledger) -> dict[str, float]:
     return {c: pytest.approx(s / WIDTH) for c, s in ledger.spent_s.items() if s}
 
 
-PREEMPTED = attempt_marks(
+PREEMPTED = marks(
     record("7", "requeue", 104, prepare=13, agree_on_resume=15, train=16, conclude=102),
     [begin(30), save(10, 50, 55), committed(10, 57), save(20, 80, 84), committed(20, 86), train_end(84.5, 86.5)],
 )
-RESUMED = attempt_marks(
+RESUMED = marks(
     record("7.r1", "done", 191, prepare=132, agree_on_resume=133, train=135, conclude=190),
     [begin(150), save(30, 170, 175), committed(30, 176), train_end(175.2, 176.5)],
 )
@@ -68,7 +74,7 @@ def test_a_preempted_and_resumed_run_splits_each_job_run_into_categories_that_ad
 
 
 def test_a_crashed_worker_loses_the_training_since_the_last_commit_and_the_rest_is_the_restart() -> None:
-    crashed = attempt_marks(
+    crashed = marks(
         record("7", "requeue", 61, prepare=11, agree_on_resume=12, train=13, conclude=60) | {"last_step_at": 45},
         [begin(20), save(10, 30, 32), committed(10, 33)],  # a rank died after step 45: no train_end
     )
@@ -85,7 +91,7 @@ def test_a_crashed_worker_loses_the_training_since_the_last_commit_and_the_rest_
 
 
 def test_a_trainer_killed_with_no_step_seen_after_its_last_commit_lost_no_training() -> None:
-    killed = attempt_marks(
+    killed = marks(
         record("7", "requeue", 61, prepare=11, train=13, conclude=60) | {"last_step_at": 25},
         [begin(20), save(10, 30, 32), committed(10, 33)],
     )
@@ -94,7 +100,7 @@ def test_a_trainer_killed_with_no_step_seen_after_its_last_commit_lost_no_traini
 
 
 def test_a_save_that_never_committed_loses_the_steps_before_it() -> None:
-    killed_mid_save = attempt_marks(
+    killed_mid_save = marks(
         record("7", "requeue", 60, prepare=10, agree_on_resume=10, train=10, conclude=59),
         [begin(20), save(10, 30, 32), committed(10, 33), save(20, 40, 45)],  # step 20's commit never came
     )
@@ -106,7 +112,7 @@ def test_a_save_that_never_committed_loses_the_steps_before_it() -> None:
 
 
 def test_a_later_commit_covers_the_steps_of_an_earlier_save_that_did_not_commit() -> None:
-    attempt = attempt_marks(
+    attempt = marks(
         record("7", "done", 60, prepare=10, train=10, conclude=59),
         [begin(20), save(10, 30, 32), save(20, 40, 45), committed(20, 47), train_end(45, 47)],
     )
@@ -116,8 +122,8 @@ def test_a_later_commit_covers_the_steps_of_an_earlier_save_that_did_not_commit(
 
 
 def test_a_second_attempt_in_the_same_allocation_prepares_as_part_of_the_restart() -> None:
-    first = attempt_marks(record("7", "requeue", 31, prepare=11, train=12, conclude=30), [begin(15)])
-    second = attempt_marks(
+    first = marks(record("7", "requeue", 31, prepare=11, train=12, conclude=30), [begin(15)])
+    second = marks(
         record("7.restart1", "done", 60, prepare=35, train=37, conclude=58),
         [begin(40), save(5, 50, 52), committed(5, 53), train_end(52, 53)],
     )
@@ -130,7 +136,7 @@ def test_a_second_attempt_in_the_same_allocation_prepares_as_part_of_the_restart
 
 
 def test_without_slurm_accounting_each_attempt_is_allocated_its_own_span() -> None:
-    local = attempt_marks(
+    local = marks(
         record("local-1", "done", 50, prepare=10, agree_on_resume=11, train=12, conclude=49),
         [begin(20), save(5, 40, 41), committed(5, 42), train_end(41, 42)],
     )
@@ -142,14 +148,14 @@ def test_without_slurm_accounting_each_attempt_is_allocated_its_own_span() -> No
 
 def test_a_running_attempt_counts_its_training_since_the_last_commit_as_not_yet_committed() -> None:
     opened = {"attempt": "7", "job_id": "7", "start": 12}
-    running = attempt_marks(opened, [begin(20), save(10, 30, 32), committed(10, 33)], running=True)
+    running = marks(opened, [begin(20), save(10, 30, 32), committed(10, 33)], running=True)
     ledger = compute([Allocation("7", 10, None, WIDTH)], [running], 4, "GPU", now=50)
     assert seconds(ledger) == {"startup": 10, "committed": 10, "save": 2, "uncommitted": 50 - 32}
     assert ledger.allocated_s == (50 - 10) * WIDTH
 
 
 def test_an_attempt_lost_without_a_record_is_lost_from_when_it_began() -> None:
-    lost = attempt_marks({"attempt": "7", "job_id": "7", "start": 12, "end": None, "decision": "requeue"}, [])
+    lost = marks({"attempt": "7", "job_id": "7", "start": 12, "end": None, "decision": "requeue"}, [])
     ledger = compute([Allocation("7", 10, 40, WIDTH)], [lost], 4, "GPU", now=1000)
     assert seconds(ledger) == {"startup": 2, "lost": 40 - 12}
 
@@ -157,12 +163,12 @@ def test_an_attempt_lost_without_a_record_is_lost_from_when_it_began() -> None:
 def test_records_from_before_the_timeline_split_training_by_the_share_of_steps_committed() -> None:
     old = {"attempt": "7", "job_id": "7", "hosts": ["a"], "start": 20, "end": 100, "first_step_at": 40}
     old |= {"resume_step": 0, "last_step": 40, "committed_step": 30, "decision": "requeue"}
-    ledger = compute([Allocation("7", 10, 100, WIDTH)], [attempt_marks(old, [])], 4, "GPU", now=1000)
+    ledger = compute([Allocation("7", 10, 100, WIDTH)], [marks(old, [])], 4, "GPU", now=1000)
     assert seconds(ledger) == {"startup": 10, "load": 20, "committed": 45, "lost": 15}
 
 
 def test_an_attempt_outside_its_job_runs_times_shows_as_unaccounted_not_hidden() -> None:
-    late = attempt_marks(record("7", "done", 75, prepare=12, train=13, conclude=74), [])
+    late = marks(record("7", "done", 75, prepare=12, train=13, conclude=74), [])
     ledger = compute([Allocation("7", 10, 70, WIDTH)], [late], 4, "GPU", now=1000)
     assert ledger.unaccounted_s == pytest.approx(-4 * WIDTH)  # the trainer exited 4 s after SLURM's End
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from swiftslurm.engines.hf import HfTrainerEngine
 from swiftslurm.engines.progress import ProgressWatch, finished_steps
 from swiftslurm.rundir import records
+from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.signals import SignalLog, descendants
 
 
@@ -69,17 +70,17 @@ def test_finished_steps_come_from_the_training_summary(tmp_path: Path) -> None:
 
 
 def test_an_attempt_that_died_without_a_record_is_reported_once(tmp_path: Path) -> None:
-    assert records.open_attempt(tmp_path, {"attempt": "5"}) is None
-    lost = records.open_attempt(tmp_path, {"attempt": "5.r1"})  # attempt 5 never wrote its line
-    assert lost == {"attempt": "5"}
-    records.append_attempt(tmp_path, {"attempt": "5.r1", "reason": "finished"})
-    assert records.open_attempt(tmp_path, {"attempt": "5.r2"}) is None
-    assert [r["attempt"] for r in records.read_attempts(tmp_path)] == ["5.r1"]
+    assert records.open_attempt(tmp_path, AttemptRecord("5")) is None
+    lost = records.open_attempt(tmp_path, AttemptRecord("5.r1"))  # attempt 5 never wrote its line
+    assert lost == AttemptRecord("5")
+    records.append_attempt(tmp_path, AttemptRecord("5.r1", reason="finished"))
+    assert records.open_attempt(tmp_path, AttemptRecord("5.r2")) is None
+    assert [r.attempt for r in records.read_attempts(tmp_path)] == ["5.r1"]
 
 
 def test_torn_last_line_of_attempts_is_skipped(tmp_path: Path) -> None:
     (tmp_path / "attempts.jsonl").write_text('{"attempt": "1"}\n{"attem')
-    assert records.read_attempts(tmp_path) == [{"attempt": "1"}]
+    assert records.read_attempts(tmp_path) == [AttemptRecord("1")]
 
 
 def test_silent_hosts_are_the_nodes_without_a_result(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from swiftslurm.ops.runs import SlurmView
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import records
 from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, OPEN_ATTEMPT, STATUS, lease_file, plan_file
-from swiftslurm.rundir.records import read_attempts, read_status, record_submission
+from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_status, record_submission
 from swiftslurm.rundir.sweepdir import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.submit import jobs as submit
@@ -66,7 +66,7 @@ def test_a_wrong_node_count_is_recorded_in_status_with_the_fix(tmp_path: Path) -
     assert (status["state"], status["reason"], status["why"]) == ("failed", "user_error", str(refused.value))
     assert status["job_id"] == JOB
     [record] = read_attempts(run_dir)
-    assert (record["attempt"], record["refused"], record["decision"]) == (JOB, True, "stop")
+    assert (record.attempt, record.refused, record.decision) == (JOB, True, "stop")
     assert not lease_file(run_dir).exists()  # a resubmission starting while this job completes may lead
 
 
@@ -141,16 +141,16 @@ def test_a_concluded_attempt_leaves_no_open_mark(tmp_path: Path, monkeypatch: py
     result = attempt.run(run_dir, skip.one_node_plan(run_dir), skip.requeued_leader())
 
     assert result.decision == "done"
-    assert [r["attempt"] for r in read_attempts(run_dir)] == [skip.JOB, f"{skip.JOB}.r1"]
+    assert [r.attempt for r in read_attempts(run_dir)] == [skip.JOB, f"{skip.JOB}.r1"]
     assert not (run_dir / OPEN_ATTEMPT).exists()
 
 
 def test_an_open_mark_of_another_attempt_stays(tmp_path: Path) -> None:
     """Only the recorded attempt's own mark goes: a newer attempt's (opened meanwhile) is left alone."""
-    records.open_attempt(tmp_path, {"attempt": "7.r1"})
-    records.close_attempt(tmp_path, {"attempt": "7"})
-    assert records.read_open_attempt(tmp_path) == {"attempt": "7.r1"}
-    records.close_attempt(tmp_path, {"attempt": "7.r1"})
+    records.open_attempt(tmp_path, AttemptRecord("7.r1"))
+    records.close_attempt(tmp_path, AttemptRecord("7"))
+    assert records.read_open_attempt(tmp_path) == AttemptRecord("7.r1")
+    records.close_attempt(tmp_path, AttemptRecord("7.r1"))
     assert records.read_open_attempt(tmp_path) is None
 
 
@@ -202,7 +202,7 @@ class Scancel:
         self.calls.append(argv)
         if argv[:2] == ["scancel", "--signal=USR2"]:
             for job in argv[2:]:
-                records.append_attempt(self.jobs[job], {"attempt": job, "committed_step": 48, "reason": "cancelled"})
+                records.append_attempt(self.jobs[job], AttemptRecord(job, committed_step=48, reason="cancelled"))
         return ""
 
 

@@ -82,9 +82,9 @@ def test_a_killed_trainer_restarts_in_place_from_the_newest_commit_and_finishes(
     assert (fresh.step, resumed.step) == (0, 10)  # from the newest commit
     assert (result.decision, result.exit_code) == ("done", 0)
     killed, finished = read_attempts(run_dir)
-    assert (killed["attempt"], killed["reason"], killed["decision"]) == (first, "infra", "restart"), killed
-    assert "restarted in place (1 of 5)" in killed["why"], killed
-    assert (finished["attempt"], finished["reason"], finished["decision"]) == (second, "finished", "done")
+    assert (killed.attempt, killed.reason, killed.decision) == (first, "infra", "restart"), killed
+    assert "restarted in place (1 of 5)" in killed.why, killed
+    assert (finished.attempt, finished.reason, finished.decision) == (second, "finished", "done")
     assert (read_status(run_dir) or {})["state"] == "finished"
     published = json.loads((attempt_dir(run_dir, first) / "outcome.json").read_text())
     assert published == {"action": "restart", "next_attempt": second, "nonce": None}  # what the followers read
@@ -101,7 +101,7 @@ def test_restarts_without_progress_stop_the_run_with_no_progress(
 
     records = read_attempts(run_dir)
     # The first run committed step 10 (progress); the next three did not: the fourth without progress stops.
-    assert [r["decision"] for r in records] == ["restart", "restart", "restart", "restart", "stop"], records
+    assert [r.decision for r in records] == ["restart", "restart", "restart", "restart", "stop"], records
     assert len(runs) == 5
     assert result.decision == "stop" and result.why.startswith("stopped: no progress"), result
     assert all(resume.step == 10 for _, resume in runs[1:])
@@ -120,7 +120,7 @@ def test_a_spent_restart_budget_falls_back_to_the_requeue(
 
     ids = [a for a, _ in runs]
     assert ids == [ids[0], f"{ids[0]}.i1", f"{ids[0]}.i1.retry1"]
-    assert [r["decision"] for r in read_attempts(run_dir)] == ["restart", "requeue", "done"]
+    assert [r.decision for r in read_attempts(run_dir)] == ["restart", "requeue", "done"]
 
 
 def test_a_follower_takes_the_leaders_word(tmp_path: Path) -> None:

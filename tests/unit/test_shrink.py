@@ -29,7 +29,7 @@ from swiftslurm.planning import memory_plan
 from swiftslurm.planning.validate import shrunk_shape_refusal
 from swiftslurm.rundir import records
 from swiftslurm.rundir.layout import ATTEMPTS, attempt_dir, node_log
-from swiftslurm.slurm_env import SlurmEnv, attempt_batch, check_allocation, rank_env
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation, rank_env
 from tests.conftest import compose_config, plan_for
 
 THREE = ("+cluster=local-slurm", "cluster.nodes=3", "global_batch_size=6")
@@ -110,9 +110,9 @@ def test_ranks_come_from_the_allocation_and_the_global_batch_stays() -> None:
     assert (plan.batch.grad_accum, plan.batch.data_parallel) == (2, 3)
     env = rank_env(on(2, node_id=1), plan)
     assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "1")
-    batch = attempt_batch(on(2), plan)
+    batch = AttemptShape.of(on(2), plan).batch
     assert (batch.micro, batch.grad_accum, batch.data_parallel, batch.global_) == (1, 3, 2, 6)
-    assert attempt_batch(on(3), plan) is plan.batch
+    assert AttemptShape.of(on(3), plan).batch is plan.batch
     assert engine_for(plan.launcher).reshaped_args(batch) == (
         "--per_device_train_batch_size",
         "1",
@@ -123,7 +123,7 @@ def test_ranks_come_from_the_allocation_and_the_global_batch_stays() -> None:
 
 def test_without_min_nodes_ranks_and_batch_are_the_plans() -> None:
     plan = plan_for(*THREE)
-    assert rank_env(on(3), plan)["NNODES"] == "3" and attempt_batch(on(3), plan) is plan.batch
+    assert rank_env(on(3), plan)["NNODES"] == "3" and AttemptShape.of(on(3), plan).batch is plan.batch
 
 
 # --- plan-time refusals ----------------------------------------------------------------------------------------

@@ -94,10 +94,10 @@ def test_usr2_during_prepare_starts_no_trainer_and_the_leader_requeues_once(
         attempt.run(run_dir, local_plan(run_dir), LOCAL)
 
     [signalled] = read_attempts(run_dir)
-    assert (signalled["reason"], signalled["decision"]) == ("preempted", "requeue"), signalled
-    assert [name for name, _ in signalled["signals"]] == ["SIGUSR2"], signalled
-    assert signalled["first_step_at"] is None and signalled["last_step"] is None, signalled
-    assert json.loads(resume_file(run_dir, signalled["attempt"]).read_text())["signalled"] is True
+    assert (signalled.reason, signalled.decision) == ("preempted", "requeue"), signalled
+    assert [name for name, _ in signalled.signals] == ["SIGUSR2"], signalled
+    assert signalled.first_step_at is None and signalled.last_step is None, signalled
+    assert json.loads(resume_file(run_dir, signalled.attempt).read_text())["signalled"] is True
     assert trainer_starts == [[]]  # the retry started one, without the signal already acted on
 
 
@@ -111,7 +111,7 @@ def test_term_during_prepare_is_a_cancel_without_a_trainer(
 
     assert (result.decision, trainer_starts) == ("stop", [])
     [record] = read_attempts(run_dir)
-    assert (record["reason"], record["decision"]) == ("cancelled", "stop"), record
+    assert (record.reason, record.decision) == ("cancelled", "stop"), record
     status = read_status(run_dir)
     assert status is not None and status["state"] == "cancelled", status
 

@@ -333,6 +333,12 @@ def test_cli_reads_the_storage_section_of_plan_json(store: CheckpointStore, tmp_
     assert "no `storage` section" in capsys.readouterr().err
 
 
+def test_a_torn_plan_json_is_an_error_that_names_the_file(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "plan.json").write_text('{"storage": {"bucket": ')
+    assert storage_cli.main(["list", "--run-dir", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'plan.json'} is not a whole JSON object" in capsys.readouterr().err
+
+
 EXIT_WITHOUT_DRAIN = """
 import sys
 from pathlib import Path

@@ -28,7 +28,7 @@ from swiftslurm.node import resume, watch
 from swiftslurm.node.heartbeat import read_beat
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME
-from swiftslurm.slurm_env import SlurmEnv, may_shrink, reshard_ranks
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, may_shrink
 from tests.conftest import plan_for
 
 ZERO2 = {"zero_optimization": {"stage": 2}, "train_batch_size": "auto"}
@@ -288,7 +288,7 @@ def test_the_leader_converts_the_resume_point_for_this_attempts_ranks_before_pub
     beat = read_beat(attempt / LEADER_BEAT)
     assert beat is not None and beat["doing"] == "making checkpoint-6 loadable at 2 ranks"
     # Every node then resumes from the universal form, which loads at 2 ranks.
-    assert watch.resume_args(plan, leader_of(2), point) == zr.universal_resume_args(ckpt)
+    assert watch.resume_args(plan, AttemptShape.of(leader_of(2), plan), point) == zr.universal_resume_args(ckpt)
 
 
 def test_by_default_nothing_is_converted_and_the_resume_arguments_are_unchanged(
@@ -296,10 +296,13 @@ def test_by_default_nothing_is_converted_and_the_resume_arguments_are_unchanged(
 ) -> None:
     plan = plan_for("+cluster=local-slurm", "strategy=zero2", f"run_dir={tmp_path / 'run'}")  # min_nodes unset
     ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)  # even at a shard count the plan would not write
-    assert reshard_ranks(leader_of(2), plan) is None
+    assert AttemptShape.of(leader_of(2), plan).reshard_ranks is None
     point = resume.agree_on_resume(plan, tmp_path / "run" / "logs" / "1", leader=True, ranks=None)
     assert converter.calls == [] and not zr.universal_companion(ckpt).exists()
-    assert watch.resume_args(plan, leader_of(2), point) == ("--resume_from_checkpoint", str(ckpt))
+    assert watch.resume_args(plan, AttemptShape.of(leader_of(2), plan), point) == (
+        "--resume_from_checkpoint",
+        str(ckpt),
+    )
 
 
 def test_at_the_size_that_wrote_it_the_checkpoint_resumes_as_it_is(tmp_path: Path, converter: FakeConverter) -> None:
@@ -307,7 +310,10 @@ def test_at_the_size_that_wrote_it_the_checkpoint_resumes_as_it_is(tmp_path: Pat
     ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
     point = resume.agree_on_resume(plan, tmp_path / "run" / "logs" / "1", leader=True, ranks=3)
     assert [c for c in converter.calls if "-c" not in c] == [] and not zr.universal_companion(ckpt).exists()
-    assert watch.resume_args(plan, leader_of(3), point) == ("--resume_from_checkpoint", str(ckpt))
+    assert watch.resume_args(plan, AttemptShape.of(leader_of(3), plan), point) == (
+        "--resume_from_checkpoint",
+        str(ckpt),
+    )
 
 
 def test_a_failed_conversion_is_published_so_the_other_nodes_stop_waiting(tmp_path: Path, presets: Path) -> None:
@@ -350,10 +356,10 @@ def test_a_node_never_resumes_from_a_missing_or_half_built_universal_form(tmp_pa
     ckpt = zero_checkpoint(plan.output_dir, 6, ranks=3)
     point = ResumePoint(ckpt, 6)
     with pytest.raises(NodeError, match=r"universal form .*checkpoint-6-universal is missing or incomplete"):
-        watch.resume_args(plan, leader_of(2), point)
+        watch.resume_args(plan, AttemptShape.of(leader_of(2), plan), point)
     (zr.universal_companion(ckpt) / "global_step6_universal").mkdir(parents=True)  # not renamed by convert()
     with pytest.raises(NodeError, match="missing or incomplete"):
-        watch.resume_args(plan, leader_of(2), point)
+        watch.resume_args(plan, AttemptShape.of(leader_of(2), plan), point)
 
 
 def test_a_requeued_attempt_on_fewer_nodes_trains_from_the_converted_checkpoint(
@@ -365,7 +371,7 @@ def test_a_requeued_attempt_on_fewer_nodes_trains_from_the_converted_checkpoint(
     trained: list[tuple[str, ...]] = []
 
     def fake_train(plan: JobPlan, where: SlurmEnv, run_dir: Path, attempt_id: str, point: ResumePoint, *_: object):  # type: ignore[no-untyped-def]
-        trained.append(watch.resume_args(plan, where, point))
+        trained.append(watch.resume_args(plan, AttemptShape.of(where, plan), point))
         raise RuntimeError("the trainer would start here")
 
     monkeypatch.setattr(attempt_mod, "train", fake_train)
