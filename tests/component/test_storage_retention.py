@@ -18,9 +18,9 @@ from swiftslurm.plan import StorageSpec
 from swiftslurm.rundir.layout import DOWNLOAD_STAGING
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 from swiftslurm.storage.sync import NodeSync, restore
+from tests.component.test_store import make_checkpoint, spec_for
 from tests.conftest import plan_for
 from tests.s3server import SeaweedServer, serve_for_tests, use_test_credentials
-from tests.unit.test_store import make_checkpoint, spec_for
 
 BUCKET = "swiftslurm-unit"
 
