@@ -56,6 +56,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "make the slow tests faster (--durations=15 names them), or raise the budget there saying why"
         )
         if reporter is not None:
+            reporter.ensure_newline()
             reporter.write_sep("=", "TIER BUDGET EXCEEDED", red=True, bold=True)
             reporter.write_line(message, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -10,10 +10,13 @@ Guarded:
   multiprocessing's Process.start (so Pool and ProcessPoolExecutor).
 - sockets: socket.socket.connect, connect_ex and bind, and socket.create_connection; that covers TCP, UDP and
   AF_UNIX servers and clients opened from Python.
-Allowed: socket.socketpair. asyncio's event loop makes one for its self-pipe; it is an anonymous, connected
-AF_UNIX pair inside this process (on Linux made natively, without bind or connect), so it reaches nothing.
-Not seen: sockets opened from C++ (torch.distributed's TCPStore, gloo). Those tests start ranks as processes
-or threads that the guard does catch, or they belong to tests/component/ by review.
+Allowed:
+- urllib3's import-time probe `_has_ipv6` (boto3 and ms-swift import urllib3): it binds ::1 port 0 and closes
+  the socket, reaching nothing and listening for nothing.
+- socket.socketpair: asyncio's event loop makes one for its self-pipe; it is an anonymous, connected AF_UNIX
+  pair inside this process (on Linux made natively, without bind or connect), so it reaches nothing.
+Not seen: sockets opened from C++ (torch.distributed's TCPStore, gloo). Tests using them start their ranks as
+processes, which the guard does catch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import multiprocessing.process
 import os
 import socket
 import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +36,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 _THIS_FILE = str(Path(__file__).resolve())
+# (file ending, function): callers whose bind is a probe of what the machine supports, not a server.
+BIND_PROBES = {("urllib3/util/connection.py", "_has_ipv6")}
 _EXEC_NAMES = ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe")
 WHERE_TO_MOVE = (
     "Unit tests are hermetic (tests/README.md). Inject the process or the server (a fake runner, a fake "
@@ -94,6 +100,16 @@ def _method_stub(guard: Guard, what: str, original: Callable[..., Any]) -> Calla
     return refusing
 
 
+def _bind(guard: Guard, original: Callable[..., Any]) -> Callable[..., Any]:
+    def refusing(self: socket.socket, address: Any) -> None:
+        caller = sys._getframe(1).f_code
+        if not any(caller.co_filename.endswith(end) and caller.co_name == name for end, name in BIND_PROBES):
+            guard.refuse(f"socket.bind({address!r})")
+        original(self, address)
+
+    return refusing
+
+
 def _popen_init(guard: Guard, original: Callable[..., Any]) -> Callable[..., Any]:
     def refusing(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
         guard.refuse(f"subprocess.Popen({_describe_argv(args, kwargs)})")
@@ -110,8 +126,9 @@ def install(guard: Guard, patch: pytest.MonkeyPatch) -> None:
             patch.setattr(os, name, _stub(guard, f"os.{name}", getattr(os, name), describe=True))
     start = multiprocessing.process.BaseProcess.start
     patch.setattr(multiprocessing.process.BaseProcess, "start", _method_stub(guard, "multiprocessing start", start))
-    for name in ("connect", "connect_ex", "bind"):
+    for name in ("connect", "connect_ex"):
         original = getattr(socket.socket, name)
         patch.setattr(socket.socket, name, _method_stub(guard, f"socket.{name}", original))
+    patch.setattr(socket.socket, "bind", _bind(guard, socket.socket.bind))
     create = socket.create_connection
     patch.setattr(socket, "create_connection", _stub(guard, "socket.create_connection", create, describe=True))

@@ -88,3 +88,10 @@ def test_asyncio_event_loops_are_allowed() -> None:
     with left, right:
         left.sendall(b"x")
         assert right.recv(1) == b"x"
+
+
+def test_urllib3s_ipv6_probe_is_allowed() -> None:
+    """boto3 and ms-swift import urllib3, whose import binds ::1 port 0 once to learn whether IPv6 works."""
+    from urllib3.util.connection import _has_ipv6
+
+    assert _has_ipv6("::1") in (True, False)
