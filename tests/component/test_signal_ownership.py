@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from swiftslurm.rundir.layout import RESUME, attempt_dir
 from swiftslurm.signals import SignalLog
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.uploader import Uploader
-from tests.s3server import FaultProxy, Faults, SeaweedServer, serve_for_tests, use_test_credentials
+from tests.s3server import FaultProxy, Faults, SeaweedServer, use_test_credentials
 from tests.unit.test_signal_ownership import LOCAL, PROMPT_S, committed_checkpoint, local_plan
 
 
@@ -56,11 +56,6 @@ def test_a_signal_cuts_the_upload_drain_to_what_slurm_allows(tmp_path: Path) -> 
         left = uploader.drain(600, cut.left_s)
     assert len(left) == 1 and time.monotonic() - started < PROMPT_S + unreachable.timeout_s + 5
     assert cut.left_s() <= 0  # SLURM cannot say when it ends (no SLURM here): nothing is left
-
-
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
 
 
 def test_a_signal_cancels_a_real_restore_mid_download(

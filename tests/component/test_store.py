@@ -28,15 +28,10 @@ from swiftslurm.storage.sync import NodeSync, restore
 from swiftslurm.storage.uploader import Uploader
 from swiftslurm.submit.jobs import check_storage
 from tests.conftest import REPO, plan_for
-from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials
+from tests.s3server import SECRET_KEY, SeaweedServer, use_test_credentials
 
 MiB = 1 << 20
 BUCKET = "swiftslurm-unit"
-
-
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
 
 
 @pytest.fixture(autouse=True)
