@@ -8,8 +8,8 @@ Guarded:
 - processes: subprocess.Popen (so run/check_output/asyncio subprocesses), os.fork, os.forkpty (so pty.fork),
   os.posix_spawn, os.posix_spawnp, os.system, os.exec* (os.spawn* and os.popen go through these), and
   multiprocessing's Process.start (so Pool and ProcessPoolExecutor).
-- sockets: socket.socket.connect, connect_ex and bind, and socket.create_connection; that covers TCP, UDP and
-  AF_UNIX servers and clients opened from Python.
+- sockets: socket.socket.connect, connect_ex, bind and sendto, and socket.create_connection; that covers TCP,
+  UDP and AF_UNIX servers and clients opened from Python.
 Allowed:
 - urllib3's import-time probe `_has_ipv6` (boto3 and ms-swift import urllib3): it binds ::1 port 0 and closes
   the socket, reaching nothing and listening for nothing.
@@ -126,7 +126,7 @@ def install(guard: Guard, patch: pytest.MonkeyPatch) -> None:
             patch.setattr(os, name, _stub(guard, f"os.{name}", getattr(os, name), describe=True))
     start = multiprocessing.process.BaseProcess.start
     patch.setattr(multiprocessing.process.BaseProcess, "start", _method_stub(guard, "multiprocessing start", start))
-    for name in ("connect", "connect_ex"):
+    for name in ("connect", "connect_ex", "sendto"):
         original = getattr(socket.socket, name)
         patch.setattr(socket.socket, name, _method_stub(guard, f"socket.{name}", original))
     patch.setattr(socket.socket, "bind", _bind(guard, socket.socket.bind))

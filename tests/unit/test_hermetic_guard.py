@@ -58,6 +58,7 @@ ATTEMPTS: dict[str, Callable[[], Any]] = {
     "socket.connect_ex": lambda: socket.socket().connect_ex(("127.0.0.1", 1)),
     "socket.bind": lambda: socket.socket().bind(("127.0.0.1", 0)),
     "socket.bind AF_UNIX": lambda: socket.socket(socket.AF_UNIX).bind("\0swiftslurm-hermetic-probe"),
+    "socket.sendto": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", 9)),
     "socket.create_connection": lambda: socket.create_connection(("127.0.0.1", 1), timeout=1),
 }
 
