@@ -1,9 +1,13 @@
-"""Shared fixtures: composing real conf/ configurations and planning them without side effects."""
+"""Shared by every tier: composing real conf/ configurations and planning them without side effects, and the
+tier's time budget (SWIFTSLURM_TIER_BUDGET_S, set by scripts/test.sh) that fails the session when exceeded."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from swiftslurm.__main__ import to_config
@@ -28,3 +32,31 @@ def plan_for(*overrides: str, cwd: Path = Path("/home/user/project")) -> JobPlan
     """Plan with fixed outside facts (cwd, python, cache) so renderings are reproducible."""
     ctx = PlanContext(cwd=cwd, python=FIXED_PYTHON, env={"SWIFTSLURM_CACHE": FIXED_CACHE})
     return make_plan(compose_config(*overrides), ctx)
+
+
+BUDGET_ENV = "SWIFTSLURM_TIER_BUDGET_S"
+_session_start = time.monotonic()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _session_start
+    _session_start = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A tier that outgrows its budget fails loudly, even when every test passed."""
+    budget = os.environ.get(BUDGET_ENV)
+    if not budget:
+        return
+    took = time.monotonic() - _session_start
+    if took > float(budget):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            f"this tier took {took:.0f} s, over its budget of {budget} s ({BUDGET_ENV}, set in scripts/test.sh): "
+            "make the slow tests faster (--durations=15 names them), or raise the budget there saying why"
+        )
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_sep("=", "TIER BUDGET EXCEEDED", red=True, bold=True)
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

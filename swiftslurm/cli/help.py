@@ -1,7 +1,7 @@
 """`python -m swiftslurm --help`: the commands, the common settings and examples, written in this one place.
 
 The command line prints `render()`; docs/cli.md is the same text (`python -m swiftslurm.cli.help > docs/cli.md`,
-checked by tests/unit/test_cli_help.py). The group options are read from conf/, so a new model or cluster is
+checked by tests/component/test_cli_help.py). The group options are read from conf/, so a new model or cluster is
 listed without editing this file. Hydra's own help (its flags, the composed config) stays at `--hydra-help`.
 """
 

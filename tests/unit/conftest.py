@@ -1,10 +1,49 @@
-"""Unit tests plan with a pinned cache path so renderings do not depend on $HOME."""
+"""Unit tests are hermetic (tests/unit/hermetic.py) and plan with a pinned cache path so renderings do not
+depend on $HOME."""
 
 from __future__ import annotations
+
+from collections.abc import Generator, Iterator
 
 import pytest
 
 from tests.conftest import FIXED_CACHE
+from tests.unit.hermetic import Guard, install
+
+GUARD = Guard()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_guard() -> Iterator[Guard]:
+    """Installed before any other fixture of the session, so session fixtures are guarded too."""
+    with pytest.MonkeyPatch.context() as patch:
+        install(GUARD, patch)
+        yield GUARD
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    elif report.when == "setup" and report.failed:
+        GUARD.take()  # a fixture's refusal failed this setup and is reported with it, not with the next test
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(hermetic_guard: Guard, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test for every process or socket it attempted, even one whose HermeticityError it swallowed
+    (a test that failed already, on the HermeticityError itself most often, is not failed twice)."""
+    yield
+    attempted = hermetic_guard.take()
+    if attempted and not request.node.stash.get(_CALL_FAILED, False):
+        pytest.fail("not hermetic:\n" + "\n".join(attempted), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

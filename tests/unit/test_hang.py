@@ -3,9 +3,6 @@ dumped before a hung trainer is killed (real processes, real signals; no SLURM, 
 
 from __future__ import annotations
 
-import json
-import sys
-import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,26 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from swiftslurm.engines.base import ProgressSource
-from swiftslurm.engines.hf import HfTrainerEngine
-from swiftslurm.engines.hooks import STACKS_ENV
 from swiftslurm.engines.megatron import pauses_after
-from swiftslurm.engines.progress import PAUSE_LINE, PAUSE_PATTERN, LineFollower, ProgressWatch
+from swiftslurm.engines.progress import PAUSE_LINE, PAUSE_PATTERN, LineFollower
 from swiftslurm.node import stacks
 from swiftslurm.node.hang import Gap, HangLimits, StepGaps, percentile, window
-from swiftslurm.node.launch import Trainer
-from swiftslurm.node.watch import _Watcher
-from swiftslurm.plan import JobPlan
-from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
-from swiftslurm.signals import DUMP_SIGNAL, SignalLog, catches
-from swiftslurm.slurm_env import SlurmEnv
-from tests.conftest import REPO, plan_for
 
 LIMITS = HangLimits(startup_s=3600.0, factor=5.0, floor_s=60.0, ceiling_s=1800.0)
-PROGRESS: ProgressSource = HfTrainerEngine.progress
-
-
-# --- the window: a pure function of the gaps seen ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -77,9 +60,6 @@ def test_only_the_recent_gaps_count() -> None:
         at += 100.0 if step < 100 else 10.0  # slow start (100 s steps), then 10 s steps for 100 steps
         gaps.observe(step, at)
     assert gaps.window(replace(LIMITS, floor_s=1.0)).seconds == 50.0
-
-
-# --- which gap holds a pause: the ranks announce it at the end of its step -----------------------------
 
 
 def steps(gaps: StepGaps, *seen: tuple[int, float]) -> None:
@@ -153,105 +133,7 @@ def test_megatron_pauses_follow_its_default_flow(iteration: int, args: dict[str,
     assert pauses_after(iteration, megatron_args, saving=True)[0]  # the stop vote asked for a save
 
 
-# --- the stacks: real processes, the rank side's real handler ------------------------------------------
-
-RANK = textwrap.dedent(
-    """
-    import sys, threading
-    from swiftslurm.engines.hooks import register_stack_dump
-    register_stack_dump()
-    def blocked_in_a_collective():
-        threading.Event().wait()
-    blocked_in_a_collective()
-    """
-)
-
-
-def a_rank(tmp_path: Path, attempt: Path, rank: int) -> Trainer:
-    """A process that registers its stack dump as a training rank does (hooks.py), then blocks."""
-    env = {"PYTHONPATH": str(REPO), STACKS_ENV: str(stacks_dir(attempt)), "RANK": str(rank), "PATH": "/usr/bin"}
-    return Trainer([sys.executable, "-c", RANK], env, attempt / f"node{rank}.log", cwd=tmp_path)
-
-
-def test_every_rank_writes_its_stacks_and_the_empty_files_are_tidied(tmp_path: Path) -> None:
-    attempt = tmp_path / "logs" / "7"
-    ranks = [a_rank(tmp_path, attempt, rank) for rank in range(2)]
-    try:
-        _wait_until_registered(ranks)
-        stacks.dump_ranks(ranks[1].pid)
-        assert stacks.wait_for_stacks(attempt, range(1, 2), timeout_s=60) == []
-        assert stacks.missing_stacks(attempt, range(2)) == [0]  # rank 0 was not asked
-        dumped = stack_file(stacks_dir(attempt), 1).read_text()
-        assert "blocked_in_a_collective" in dumped, dumped
-        assert ranks[1].poll() is None  # a dump, not a kill
-        stacks.tidy(attempt, range(2))
-        assert not stack_file(stacks_dir(attempt), 0).exists() and stack_file(stacks_dir(attempt), 1).exists()
-    finally:
-        for rank in ranks:
-            rank.kill()
-
-
-def test_a_hung_trainer_is_killed_after_its_window_with_its_stacks(tmp_path: Path) -> None:
-    """The watcher's whole path with a real process: steps every 2 s, then none; the clock is given."""
-    plan = _plan(tmp_path)
-    attempt = tmp_path / "logs" / "7"
-    trainer = a_rank(tmp_path, attempt, 0)
-    _wait_until_registered([trainer])
-    watcher = _watcher(plan, trainer, attempt)
-    try:
-        for step in range(5, 45, 5):
-            with open(trainer.log_path, "a") as log:
-                log.write(f"{{'global_step/max_steps': '{step}/100'}}\n")
-            watcher.tick(1000.0 + step * 0.4)  # every 5 steps in 2 s
-        watcher.tick(1016.0 + 59.0)  # 59 s after step 40: inside the 60 s floor (5 × 2 s = 10 s)
-        assert not watcher.hung
-        watcher.tick(1016.0 + 61.0)
-        assert watcher.hung and trainer.poll() is not None
-        assert watcher.hang is not None and watcher.hang["window_s"] == 60.0 and watcher.hang["step"] == 40
-        assert json.loads(hang_file(attempt).read_text())["stalled_s"] == 61.0
-        assert "blocked_in_a_collective" in stack_file(stacks_dir(attempt), 0).read_text()
-    finally:
-        trainer.kill()
-
-
-def test_another_node_dumps_its_ranks_and_ends_its_trainer_once_node_0_finds_the_run_hung(tmp_path: Path) -> None:
-    attempt = tmp_path / "logs" / "7"
-    trainer = a_rank(tmp_path, attempt, 1)
-    _wait_until_registered([trainer])
-    plan = replace(_plan(tmp_path), topology=replace(_plan(tmp_path).topology, nodes=2))
-    watcher = _watcher(plan, trainer, attempt, node=1)
-    try:
-        watcher.tick(1000.0)
-        assert trainer.poll() is None  # nobody asked
-        stacks.ask(attempt, {"step": 26})
-        watcher.tick(1000.5)
-        assert trainer.poll() is not None and not watcher.hung  # killed; only node 0 classifies the attempt
-        assert "blocked_in_a_collective" in stack_file(stacks_dir(attempt), 1).read_text()
-    finally:
-        trainer.kill()
-
-
 def test_a_rank_that_never_registered_is_not_waited_for(tmp_path: Path) -> None:
     started = time.monotonic()
     assert stacks.wait_for_stacks(tmp_path, range(4), timeout_s=60) == [0, 1, 2, 3]
     assert time.monotonic() - started < 30  # the bound is 60 s: nothing was waited for
-
-
-def _plan(tmp_path: Path) -> JobPlan:
-    plan = replace(plan_for(f"run_dir={tmp_path / 'run'}"), tiny_cache=None)
-    return replace(plan, resilience=replace(plan.resilience, hang_window_floor_s=60.0))
-
-
-def _watcher(plan: JobPlan, trainer: Trainer, attempt: Path, node: int = 0) -> _Watcher:
-    watch = ProgressWatch(trainer.log_path, 1000.0, PROGRESS.pattern)
-    nodes = plan.topology.nodes
-    where = SlurmEnv(job_id=None, hosts=(), node_id=node, num_nodes=nodes, proc_id=node, num_tasks=nodes)
-    return _Watcher(plan, where, trainer, lambda pid: [], SignalLog(), watch, None, attempt)
-
-
-def _wait_until_registered(ranks: list[Trainer]) -> None:
-    """A rank is one once its handler is installed (what the wrapper looks for): until then it is loading."""
-    deadline = time.monotonic() + 60
-    while not all(catches(r.pid, DUMP_SIGNAL) for r in ranks):
-        assert time.monotonic() < deadline, "the ranks never registered their stack dump"
-        time.sleep(0.1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -115,34 +114,3 @@ def test_uploader_runs_uploads_at_the_configured_priority(
     assert uploader.drain(timeout_s=10) == []
     assert store.seen == [expected or this_thread()]
     assert this_thread() != (os.SCHED_IDLE, 19)  # the caller's thread (the wrapper's main loop) is untouched
-
-
-AUTOGROUP = Path("/proc/self/autogroup")
-AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
-
-
-def autogroups_on() -> bool:
-    return AUTOGROUP.exists() and AUTOGROUP_ENABLED.exists() and AUTOGROUP_ENABLED.read_text().strip() == "1"
-
-
-def session_nice(autogroup_text: str) -> str | None:
-    """ "/autogroup-123 nice 19" -> "19"; None for a process in the first session's group, whose file is empty."""
-    words = autogroup_text.split()
-    return words[-1] if words else None
-
-
-@pytest.mark.skipif(not autogroups_on(), reason="a kernel without autogroups, or with them switched off")
-def test_idle_lowers_the_share_of_a_session_it_leads_and_no_other() -> None:
-    """As under srun: the process leads a session of its own. This test's process does not lead its session
-    (a shell's, or on CI the first session's, whose autogroup file is empty), and its session keeps its share
-    (the other tests here lowered threads of this process)."""
-    script = (
-        "import pathlib; from swiftslurm.storage.priority import lower_this_thread; "
-        "lower_this_thread('idle'); print(pathlib.Path('/proc/self/autogroup').read_text())"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, start_new_session=True
-    )
-    assert session_nice(done.stdout) == "19"
-    if os.getsid(0) != os.getpid():
-        assert session_nice(AUTOGROUP.read_text()) != "19"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning, save_seconds
@@ -62,16 +60,3 @@ def test_a_time_limit_too_short_for_any_lead_says_so() -> None:
 
 def test_more_nodes_share_the_save() -> None:
     assert save_seconds(72.7, "full", nodes=4) == save_seconds(72.7, "full", nodes=2) / 2
-
-
-def test_the_dry_run_prints_the_warning_in_one_line(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "swiftslurm", *FULL_72B, "dry_run=true"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stderr.splitlines() if "signal_lead_s" in line]
-    assert len(lines) == 1 and lines[0].startswith("swiftslurm: warning:") and "HINT: set" in lines[0]

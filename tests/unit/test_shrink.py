@@ -33,16 +33,17 @@ from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation, rank_
 from tests.conftest import compose_config, plan_for
 
 THREE = ("+cluster=local-slurm", "cluster.nodes=3", "global_batch_size=6")
+
+
 SHRINKS = (*THREE, "resilience.min_nodes=2")
+
+
 DATASET = "dataset=[AI-ModelScope/alpaca-gpt4-data-en]"  # a real model needs one
 
 
 def on(nodes: int, node_id: int = 0) -> SlurmEnv:
     hosts = tuple(f"n{i}" for i in range(nodes))
     return SlurmEnv(job_id="77", hosts=hosts, node_id=node_id, num_nodes=nodes, proc_id=node_id, num_tasks=nodes)
-
-
-# --- the decision (pure) ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -89,9 +90,6 @@ def test_only_a_requeue_gets_a_node_count(action: Action) -> None:
     assert with_node_count(decision, 3, 2, healthy=["n0"], excluded=[]) is decision
 
 
-# --- the node side: ranks and batch from the allocation ---------------------------------------------------------
-
-
 def test_an_allocation_of_fewer_nodes_is_refused_without_min_nodes() -> None:
     with pytest.raises(NodeError, match=r"plan\.json was made for 3"):
         check_allocation(on(2), plan_for(*THREE))
@@ -124,9 +122,6 @@ def test_ranks_come_from_the_allocation_and_the_global_batch_stays() -> None:
 def test_without_min_nodes_ranks_and_batch_are_the_plans() -> None:
     plan = plan_for(*THREE)
     assert rank_env(on(3), plan)["NNODES"] == "3" and AttemptShape.of(on(3), plan).batch is plan.batch
-
-
-# --- plan-time refusals ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -164,6 +159,8 @@ def test_full_replicas_and_fsdp2_may_shrink() -> None:
 
 
 BIG = ("+cluster=a100x16", "model=qwen2.5-72b-instruct", "strategy=fsdp2", "strategy.tuner_type=full")
+
+
 BIG_ON_FOUR = (*BIG, "cluster.nodes=4", "global_batch_size=96", DATASET)  # fits on 4 and 3 nodes, not on 2 or 1
 
 
@@ -192,9 +189,6 @@ def test_the_dry_run_shows_the_range_and_the_smallest_shape() -> None:
     cpu = memory_plan.shrink_line(compose_config(*SHRINKS), plan_for(*SHRINKS))
     assert cpu == "resilience  may resume on 2..3 nodes (min_nodes=2); at 2: accumulation 3 (docs/resilience.md)"
     assert memory_plan.shrink_line(compose_config(*THREE), plan_for(*THREE)) is None
-
-
-# --- the leader: the requeue asks SLURM for the node count -----------------------------------------------------
 
 
 class Partition:
@@ -301,25 +295,3 @@ def test_a_requeue_without_a_node_count_does_not_touch_it(tmp_path: Path, monkey
     with pytest.raises(requeue_mod.Requeued):
         requeue_mod.requeue(on(3), shrink_plan(tmp_path), requeue())
     assert not any("NumNodes" in word for argv in fake.calls for word in argv)
-
-
-def test_a_shrinkable_job_script_starts_one_task_per_node_of_the_allocation(tmp_path: Path) -> None:
-    """sbatch stores SLURM_NTASKS at submission; after a requeue on fewer nodes it still says 3, and srun then
-    asks for 3 tasks on 2 nodes (seen on SLURM 22.05: "More processors requested than permitted"). Both job
-    scripts (job.sbatch and submitit's) set it from the allocation before srun; a plan that cannot shrink
-    keeps its script as it was."""
-    import subprocess
-
-    from swiftslurm.render import render_sbatch, task_count_lines
-    from swiftslurm.submit.jobs import executor_parameters
-
-    plan = shrink_plan(tmp_path)
-    lines = task_count_lines(plan)
-    script = render_sbatch(plan)
-    assert lines and script.index(lines[-1]) < script.index("\nsrun ")
-    assert executor_parameters(plan)["slurm_setup"][-len(lines) :] == lines
-    assert task_count_lines(plan_for(*THREE)) == []
-    assert "SLURM_NTASKS" not in render_sbatch(plan_for(*THREE))
-    shell = "\n".join([*lines, 'echo "$SLURM_NTASKS $SLURM_NPROCS"'])
-    stale = {"PATH": "/usr/bin:/bin", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "3", "SLURM_NPROCS": "3"}
-    assert subprocess.run(["bash", "-c", shell], env=stale, capture_output=True, text=True).stdout == "2 2\n"

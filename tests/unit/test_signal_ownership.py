@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,22 +22,18 @@ import pytest
 from swiftslurm.ckpt.checkpoint import commit
 from swiftslurm.errors import StorageError
 from swiftslurm.node import attempt, resume
-from swiftslurm.node.attempt import _DrainCut
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_signalled
-from swiftslurm.plan import JobPlan, StorageSpec
+from swiftslurm.plan import JobPlan
 from swiftslurm.rundir.layout import RESUME, attempt_dir, output_dir, resume_file
 from swiftslurm.rundir.records import read_attempts, read_status
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import SlurmEnv
-from swiftslurm.storage.store import CheckpointStore
-from swiftslurm.storage.uploader import Uploader
 from tests.conftest import plan_for
-from tests.s3server import FaultProxy, Faults, SeaweedServer, serve_for_tests, use_test_credentials
 
 LOCAL = SlurmEnv.from_environ({})  # node 0, no SLURM: a requeue is a retry in this process
+
+
 PROMPT_S = 5.0  # "promptly": far below the waits that a signal cuts short (900 s, a whole download)
-BUCKET = "swiftslurm-signals"
-STALL_S = 3.0
 
 
 def committed_checkpoint(run_dir: Path, step: int, last_step: int, mib: int = 0) -> Path:
@@ -199,99 +195,3 @@ def test_a_signal_cancels_the_restore_promptly() -> None:
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR2)).start()
         cancelled_restore(lambda: bool(log.received))
     assert time.monotonic() - started < PROMPT_S
-
-
-def test_a_signal_cuts_the_upload_drain_to_what_slurm_allows(tmp_path: Path) -> None:
-    # Nothing listens on port 9: every upload fails and stays pending, so only the cut ends the drain early.
-    unreachable = StorageSpec(bucket="b", prefix="p", endpoint_url="http://127.0.0.1:9", max_attempts=1, timeout_s=1)
-    uploader = Uploader(CheckpointStore(unreachable))
-    uploader.submit(committed_checkpoint(tmp_path, 10, last_step=20))
-    log = SignalLog()
-    cut = _DrainCut(LOCAL, log, seen=0)
-    assert cut.left_s() == float("inf")  # no signal: the drain keeps its budget
-    started = time.monotonic()
-    with log.installed():
-        signal.raise_signal(signal.SIGTERM)
-        left = uploader.drain(600, cut.left_s)
-    assert len(left) == 1 and time.monotonic() - started < PROMPT_S + unreachable.timeout_s + 5
-    assert cut.left_s() <= 0  # SLURM cannot say when it ends (no SLURM here): nothing is left
-
-
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
-
-
-def test_a_signal_cancels_a_real_restore_mid_download(
-    tmp_path: Path, s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    use_test_credentials(monkeypatch)
-    direct = StorageSpec(bucket=BUCKET, prefix="restore", endpoint_url=s3_server.endpoint_url, part_size_mb=8)
-    CheckpointStore(direct).upload(committed_checkpoint(tmp_path / "elsewhere", 10, last_step=20, mib=32))
-    run_dir = tmp_path / "run"
-    output = run_dir / "output"
-    # Every request through the proxy stalls STALL_S: the download is still running when the signal comes,
-    # whatever the machine's speed; the signal comes once the download has begun (its staging dir exists).
-    with FaultProxy(s3_server.endpoint_url, Faults(stall_rate=1.0, stall_s=STALL_S)) as proxy:
-        plan = replace(local_plan(run_dir), storage=replace(direct, endpoint_url=proxy.url))
-        log = SignalLog()
-        signalled: list[float] = []
-
-        def signal_once_downloading() -> None:
-            wait_for(lambda: any(output.glob(".checkpoint-10.download-*")), 120)
-            signalled.append(time.monotonic())
-            os.kill(os.getpid(), signal.SIGUSR2)
-
-        with log.installed(), pytest.raises(Interrupted, match="during the restore"):
-            threading.Thread(target=signal_once_downloading, daemon=True).start()
-            agree_on_resume(plan, attempt_dir(run_dir, "a1"), True, stopped=lambda: bool(log.received))
-        took = time.monotonic() - signalled[0]
-    # The part in flight ends (its request and reply each stall: 6 s measured), no new part starts.
-    assert took < 2 * STALL_S + PROMPT_S, took
-    assert sorted(p.name for p in output.iterdir()) == []  # nothing half-downloaded is left
-    assert not (attempt_dir(run_dir, "a1") / RESUME).exists()
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-ENDED_CHILD = """
-import signal, sys
-from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.node.__main__ import main
-from swiftslurm.node.supervise import submitit_entry
-
-if sys.argv[1] == "sbatch":
-    code = main([sys.argv[2]])  # no plan.json there: refused, after the wrapper installed its handlers
-else:
-    try:
-        submitit_entry(sys.argv[2])
-    except SwiftSlurmError:
-        code = 2
-status = open("/proc/self/status").read().splitlines()
-ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
-print(code, [bool(ignored >> (s - 1) & 1) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)])
-"""
-
-
-@pytest.mark.parametrize("entry", ["sbatch", "submitit"])
-def test_a_finished_wrapper_ignores_stop_signals_until_the_process_is_gone(tmp_path: Path, entry: str) -> None:
-    """Interpreter shutdown puts SIG_DFL back for every signal with a Python handler, so a USR2 in a finished
-    follower's last milliseconds killed it by default action; srun then killed the leader in its upload drain and
-    SLURM called the finished run FAILED (seen in test_signals' drain test). Once a wrapper's work is done both
-    entry points leave the stop signals ignored at the kernel, which shutdown does not undo."""
-    import subprocess
-    import sys
-
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": root}
-    for key in [k for k in env if k.startswith("SLURM_")]:
-        del env[key]
-    done = subprocess.run(
-        [sys.executable, "-c", ENDED_CHILD, entry, str(tmp_path)], env=env, capture_output=True, text=True
-    )
-    assert done.stdout.strip().splitlines()[-1] == "2 [True, True, True]", (done.stdout, done.stderr)

@@ -1,4 +1,4 @@
-"""A Hydra config source that counts compositions (tests/unit/test_sweeps.py): `hydra.searchpath=[probe://DIR]`
+"""A Hydra config source that counts compositions (tests/component/test_sweeps.py): `hydra.searchpath=[probe://DIR]`
 serves DIR like file:// and appends a line to $SWIFTSLURM_COMPOSE_LOG each time a config is loaded from it.
 Hydra caches loads within one composition only, so a config chosen on the command line (`+probe=count`) is
 loaded once per composition: the log's length is the number of compositions."""

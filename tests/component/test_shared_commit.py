@@ -1,0 +1,97 @@
+"""The commit flow (hooks.Committer, shared_commit): the ranks that wrote a checkpoint hash it together over
+a real two-process gloo group, rank 0 writes the manifest, and a save waits for the previous commit."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swiftslurm.ckpt import checkpoint as ck
+from swiftslurm.engines.hooks import Committer
+from tests.unit.test_shared_commit import zero3_checkpoint
+
+torch = pytest.importorskip("torch")
+
+
+dist = pytest.importorskip("torch.distributed")
+
+
+mp = pytest.importorskip("torch.multiprocessing")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, port: int, folder: Path, hashed: dict[int, Any], rank1_done: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mine: list[str] = []
+    real_hash, real_write = ck.sha256_and_fsync, ck.write_json_atomic
+
+    def recording(path: Path) -> str:
+        mine.append(str(path.relative_to(folder)))
+        return real_hash(path)
+
+    def late_manifest(path: Path, data: dict[str, Any]) -> None:
+        rank1_done.wait(timeout=2)  # rank 0 writes the manifest after rank 1 ended its commit (if it can)
+        real_write(path, data)
+
+    ck.sha256_and_fsync = recording  # type: ignore[assignment]  # which rank read which file
+    ck.write_json_atomic = late_manifest  # type: ignore[assignment]
+    committer = Committer(engine="swift")
+    committer.after_save(folder, last_step=10)
+    committer.finish()
+    if rank == 1:
+        rank1_done.set()
+    hashed[rank] = (mine, ck.is_committed(folder))  # committed when this rank's commit ended?
+    dist.destroy_process_group()
+
+
+def test_two_ranks_commit_a_zero3_checkpoint_together(tmp_path: Path) -> None:
+    folder = zero3_checkpoint(tmp_path, 5, 2)
+    with mp.Manager() as manager:
+        answers = manager.dict()
+        mp.spawn(_rank, args=(_free_port(), folder, answers, manager.Event()), nprocs=2, join=True)
+        hashed = {rank: answers[rank][0] for rank in (0, 1)}
+        assert answers[0][1] and answers[1][1]  # no rank's commit ends before the manifest is written
+    assert {p for p in hashed[1] if "zero_pp_rank" in p} == {
+        f"global_step5/zero_pp_rank_1_mp_rank_00_{kind}.pt" for kind in ("optim_states", "model_states")
+    }
+    assert not set(hashed[0]) & set(hashed[1])  # each file read once
+    manifest = ck.read_manifest(folder)
+    assert manifest is not None and (manifest["world_size"], manifest["last_step"]) == (2, 10)
+    expected = ck.file_entries(folder, list(ck.file_sizes(folder)))
+    assert manifest["files"] == expected  # the same entries, in the same order, as one process hashing all
+    assert ck.problems(folder, deep=True) == []
+
+
+def _failing_rank(rank: int, port: int, folder: Path, done: dict[int, bool]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if rank == 1:
+
+        def unreadable(path: Path) -> str:
+            raise PermissionError(13, "Permission denied", str(path))
+
+        ck.sha256_and_fsync = unreadable  # type: ignore[assignment]
+    committer = Committer(engine="swift")
+    committer.after_save(folder, last_step=10)
+    committer.finish()
+    done[rank] = True
+    dist.destroy_process_group()
+
+
+def test_a_rank_that_cannot_hash_leaves_the_checkpoint_uncommitted_and_no_rank_waiting(tmp_path: Path) -> None:
+    folder = zero3_checkpoint(tmp_path, 5, 2)
+    with mp.Manager() as manager:
+        done = manager.dict()
+        mp.spawn(_failing_rank, args=(_free_port(), folder, done), nprocs=2, join=True)
+        assert dict(done) == {0: True, 1: True}  # both ranks' commits ended
+    assert not ck.is_committed(folder)  # resume falls back to an older checkpoint
