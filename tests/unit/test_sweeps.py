@@ -5,6 +5,7 @@ submitted (the submission and its failures are in tests/integration/test_refused
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
