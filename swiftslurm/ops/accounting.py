@@ -23,7 +23,7 @@ from swiftslurm.rundir.records import read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
 
 ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
-ASK_TIMEOUT_S = 10.0
+ASK_TIMEOUT_S = 10.0  # seconds for each SLURM command `status` asks (`ask_sacct`, runs.ask_slurm)
 # SLURM states after which a job run's row never changes and no new run of the job comes.
 FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
