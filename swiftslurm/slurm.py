@@ -24,7 +24,6 @@ from typing import Any
 
 from swiftslurm.errors import JobGone, SlurmError, SlurmUnavailable
 
-TIMEOUT_S = 30.0  # one command's answer; a healthy slurmctld answers within a second
 TIMED_OUT = 124  # the exit status an Answer carries when the command did not answer in time (as timeout(1))
 
 # What SLURM (or `_ask`, for a timeout) says when the controller could not answer for a moment: asked again.
@@ -64,8 +63,9 @@ Runner = Callable[[Sequence[str], float], Answer]
 
 @dataclass(frozen=True)
 class Retry:
-    """How a SLURM command is asked again after a transient controller error."""
+    """How a SLURM command is asked, and asked again after a transient controller error."""
 
+    timeout_s: float = 30.0  # one try's answer; a healthy slurmctld answers within a second
     tries: int = 3  # in all, the first one included
     first_pause_s: float = 2.0  # before the second try; doubled before each further one
     budget_s: float = 60.0  # all tries and pauses together; each try's timeout is cut to what is left of it
@@ -95,27 +95,18 @@ sleep: Callable[[float], None] = time.sleep
 clock: Callable[[], float] = time.monotonic
 
 
-def run(argv: list[str], timeout_s: float = TIMEOUT_S, retry: Retry = RETRY) -> str:
+def run(argv: list[str], retry: Retry = RETRY) -> str:
     """Run a SLURM command and return its stdout. A transient controller error is asked again (``retry``);
     a failure raises JobGone, SlurmUnavailable or SlurmError, each naming the command and what SLURM said."""
-    started = clock()
-    tried = 0
+    started, tried = clock(), 0
     while True:
         tried += 1
-        answer = _ask(argv, max(1.0, min(timeout_s, retry.budget_s - (clock() - started))))
+        answer = _ask(argv, max(1.0, min(retry.timeout_s, retry.budget_s - (clock() - started))))
         if answer.returncode == 0:
             return answer.stdout
-        if not is_transient(answer.said):
-            raise _failure(argv, answer.said, tried)
         spent, pause = clock() - started, retry.pause_after(tried)
-        if tried >= retry.tries or spent + pause >= retry.budget_s:
-            raise SlurmUnavailable(
-                f"`{_shown(argv)}` failed {tried} time(s) in {spent:.0f} s: {answer.said}. HINT: is slurmctld "
-                "up? `scontrol ping` says; ask again once it answers.",
-                tuple(argv),
-                answer.said,
-                tried,
-            )
+        if not is_transient(answer.said) or tried >= retry.tries or spent + pause >= retry.budget_s:
+            raise _failure(argv, answer.said, tried, spent)
         sleep(pause)
 
 
@@ -140,11 +131,17 @@ def _ask(argv: list[str], timeout_s: float) -> Answer:
         raise SlurmError(f"`{_shown(argv)}` could not be started: {err}", tuple(argv), str(err)) from err
 
 
-def _failure(argv: list[str], said: str, tried: int) -> SlurmError:
-    """The typed error for a SLURM command that failed for good: the one place that recognises a job gone."""
-    gone = JOB_GONE in said.lower() or (argv[0] == "scancel" and ALREADY_ENDED in said.lower())
-    kind = JobGone if gone else SlurmError
-    return kind(f"`{_shown(argv)}` failed: {said}", tuple(argv), said, tried)
+def _failure(argv: list[str], said: str, tried: int, spent: float) -> SlurmError:
+    """The typed error for a SLURM command that failed for good: the one place that tells a job gone and a
+    controller that never answered from any other failure."""
+    command, lower = _shown(argv), said.lower()
+    if JOB_GONE in lower or (argv[0] == "scancel" and ALREADY_ENDED in lower):
+        return JobGone(f"`{command}` failed: {said}", tuple(argv), said, tried)
+    if is_transient(said):
+        times = "once" if tried == 1 else f"{tried} times in {spent:.0f} s"
+        message = f"`{command}` failed ({times}): {said}. HINT: is slurmctld up? `scontrol ping` says; try again."
+        return SlurmUnavailable(message, tuple(argv), said, tried)
+    return SlurmError(f"`{command}` failed: {said}", tuple(argv), said, tried)
 
 
 def _shown(argv: Sequence[str]) -> str:
@@ -190,7 +187,7 @@ def _timestamp(value: str) -> float | None:
 
 def submit_batch(script: Path) -> str:
     """Submit a batch script; returns the job id (asked once: ONCE says why)."""
-    return run(["sbatch", "--parsable", str(script)], retry=ONCE).strip().split(";")[0]
+    return run(["sbatch", "--parsable", str(script)], ONCE).strip().split(";")[0]
 
 
 def job_fields(job_id: str) -> dict[str, str]:
@@ -241,18 +238,18 @@ def job_alive(job_id: str) -> bool:
         return False
 
 
-def queue_states(job_ids: Sequence[str], timeout_s: float = TIMEOUT_S) -> dict[str, str]:
+def queue_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, str]:
     """squeue's state of each of these jobs still in the queue (PENDING, RUNNING, ...); the others are absent."""
     try:
-        out = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"], timeout_s)
+        out = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"], retry)
     except JobGone:
         return {}
     return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
 
-def accounted_states(job_ids: Sequence[str], timeout_s: float = TIMEOUT_S) -> dict[str, str]:
+def accounted_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, str]:
     """sacct's state of each of these jobs' latest run (COMPLETED, FAILED, CANCELLED, ...)."""
-    out = run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"], timeout_s)
+    out = run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"], retry)
     states = {}
     for line in out.splitlines():
         job, _, state = line.partition("|")
@@ -264,11 +261,11 @@ def accounted_states(job_ids: Sequence[str], timeout_s: float = TIMEOUT_S) -> di
 JOB_RUN_FIELDS = ("JobID", "State", "Submit", "Start", "End", "AllocNodes")
 
 
-def job_runs(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+def job_runs(job_ids: list[str], retry: Retry = RETRY) -> list[dict[str, Any]]:
     """Every run of these jobs in SLURM's accounting, oldest first: `sacct --duplicates` gives a requeued job
     one row per run. Each: job_id, state, submit/start/end in seconds since the epoch (None: not yet), nodes."""
     argv = ["sacct", "-D", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(JOB_RUN_FIELDS)]
-    rows = [line.split("|") for line in run(argv, timeout_s).splitlines()]
+    rows = [line.split("|") for line in run(argv, retry).splitlines()]
     return [_job_run(row) for row in rows if len(row) == len(JOB_RUN_FIELDS)]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.ops.accounting import ASK_TIMEOUT_S, run_ledger
+from swiftslurm.ops.accounting import STATUS_ASKS, run_ledger
 from swiftslurm.ops.ledger import Ledger
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
@@ -51,10 +51,10 @@ def ask_slurm(job_ids: list[str]) -> SlurmView:
     if not job_ids:
         return SlurmView(available=True)
     try:
-        states = slurm_cli.queue_states(job_ids, ASK_TIMEOUT_S)
+        states = slurm_cli.queue_states(job_ids, STATUS_ASKS)
         ended = [job for job in job_ids if job not in states]
         if ended:
-            states |= slurm_cli.accounted_states(ended, ASK_TIMEOUT_S)
+            states |= slurm_cli.accounted_states(ended, STATUS_ASKS)
     except SwiftSlurmError as err:
         return SlurmView(available=False, error=str(err).strip().splitlines()[-1][:200])
     return SlurmView(available=True, states=states)

@@ -127,7 +127,7 @@ def test_a_controller_that_never_answers_is_asked_a_few_times_then_named(scripte
         slurm.job_alive("7")
     assert len(fake.calls) == slurm.RETRY.tries == err.value.tries == 3
     assert fake.pauses == [2.0, 4.0]  # back-off: doubled
-    assert "`squeue -h -j 7 -o %T` failed 3 time(s)" in str(err.value) and "Socket timed out" in str(err.value)
+    assert "`squeue -h -j 7 -o %T` failed (3 times in 6 s)" in str(err.value) and "Socket timed out" in str(err.value)
     assert "HINT" in str(err.value) and err.value.argv == ("squeue", "-h", "-j", "7", "-o", "%T")
 
 
@@ -136,14 +136,14 @@ def test_the_retries_end_within_their_time_budget(scripted: Callable[..., Script
     and no try may wait past it."""
     fake = scripted(TimeoutError("squeue did not answer"), takes_s=25.0)
     with pytest.raises(SlurmUnavailable, match="did not answer within"):
-        slurm.run(["squeue"], timeout_s=25.0, retry=slurm.Retry(tries=10, first_pause_s=2.0, budget_s=60.0))
+        slurm.run(["squeue"], slurm.Retry(timeout_s=25.0, tries=10, first_pause_s=2.0, budget_s=60.0))
     assert fake.timeouts == [25.0, 25.0, 4.0]  # 25 + 2 + 25 + 4: the third try gets what is left
     assert fake.now == 60.0 and fake.pauses == [2.0, 4.0]
 
 
 def test_a_try_never_waits_past_the_budget(scripted: Callable[..., Scripted]) -> None:
     fake = scripted(SOCKET_TIMED_OUT, OK, takes_s=10.0)
-    slurm.run(["sinfo"], timeout_s=30.0, retry=slurm.Retry(tries=3, first_pause_s=2.0, budget_s=20.0))
+    slurm.run(["sinfo"], slurm.Retry(timeout_s=30.0, tries=3, first_pause_s=2.0, budget_s=20.0))
     assert fake.timeouts == [20.0, 8.0]  # the second try gets what is left: 20 - 10 - 2
 
 
