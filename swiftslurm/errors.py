@@ -56,6 +56,24 @@ class SubmitError(SwiftSlurmError):
     """SLURM (or the local executor) refused the job, or the cluster does not match the plan."""
 
 
+class SlurmError(SubmitError):
+    """A SLURM command failed (swiftslurm/slurm.py): ``argv`` is the command, ``said`` what SLURM answered,
+    ``tries`` how often it was asked."""
+
+    def __init__(self, message: str, argv: tuple[str, ...] = (), said: str = "", tries: int = 1) -> None:
+        super().__init__(message)
+        self.argv, self.said, self.tries = argv, said, tries
+
+
+class JobGone(SlurmError):
+    """SLURM's controller does not know the job: it ended and was purged, or it never existed (job ids restart
+    on a wiped cluster)."""
+
+
+class SlurmUnavailable(SlurmError):
+    """SLURM's controller did not answer (or answered that it was busy) on every try of the retry policy."""
+
+
 class NodeError(SwiftSlurmError):
     """The on-node wrapper cannot run: the allocation or run directory does not match the plan."""
 

@@ -35,11 +35,10 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
-from swiftslurm.errors import NodeError, SwiftSlurmError
+from swiftslurm.errors import NodeError
 from swiftslurm.node import decide, observers, outcome
-from swiftslurm.node.conclude import close_lost_attempt, conclude, end_time, record_refusal, stop_after_preflight
+from swiftslurm.node.conclude import close_lost_attempt, conclude, job_times, record_refusal, stop_after_preflight
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
@@ -297,9 +296,9 @@ def _finish_uploads(a: Attempt) -> Phase:
     uploaded by the next attempt. A stop signal during the wait cuts it to what SLURM's end time then allows."""
     assert a.sync is not None and a.decision is not None and a.observed is not None
     budget = a.plan.storage.wait_at_exit_s if a.plan.storage else 0.0
-    ends = end_time(a.where) if a.decision.action is decide.Action.REQUEUE else None
-    if ends is not None:
-        budget = min(budget, ends - time.time() - KILL_MARGIN_S)
+    times = job_times(a.where)[0] if a.decision.action is decide.Action.REQUEUE else None
+    if times is not None and times.limit_ends is not None:
+        budget = min(budget, times.limit_ends - time.time() - KILL_MARGIN_S)
     a.sync.drain(budget, _DrainCut(a.where, a.signals, len(a.observed.signals)).left_s)
     records.update_status(a.run_dir, storage=a.sync.state())
     return Phase.ACT
@@ -380,12 +379,11 @@ class _DrainCut:
 
 def _kill_time(where: SlurmEnv) -> float:
     """When SLURM ends this job as things stand (infinity: no end); now + KILL_MARGIN_S when it cannot say."""
-    if where.in_slurm and where.job_id is not None:
-        try:
-            ends = slurm_cli.job_kill_time(where.job_id)
-            return float("inf") if ends is None else ends
-        except SwiftSlurmError as err:
-            print(f"[swiftslurm] the end time could not be read after a stop signal: {err}", flush=True)
+    times, unknown = job_times(where)
+    if times is not None:
+        return float("inf") if times.kill_at is None else times.kill_at
+    if unknown:
+        print(f"[swiftslurm] after a stop signal, {unknown}", flush=True)
     return time.time() + KILL_MARGIN_S
 
 

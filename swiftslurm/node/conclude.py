@@ -16,7 +16,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
 from swiftslurm.engines.progress import tail
 from swiftslurm.engines.registry import engine_for
-from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.errors import SlurmError, SwiftSlurmError
 from swiftslurm.node import decide
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
@@ -37,9 +37,6 @@ SILENT_HOST_WAIT_S = 10.0
 # system's attribute cache) is never blamed.
 NODE_STATE_WAIT_S = 60.0
 NODE_STATE_POLL_S = 2.0
-# `scontrol show job` can fail for a moment (slurmctld busy or restarting): ask again before giving up.
-END_TIME_TRIES = 3
-END_TIME_PAUSE_S = 2.0
 
 
 def conclude(
@@ -105,24 +102,16 @@ def conclude(
     return decision
 
 
-def end_time(where: SlurmEnv) -> float | None:
-    """When SLURM ends this job (None outside SLURM, without a time limit, or when SLURM cannot say)."""
-    return read_end_time(where)[0]
-
-
-def read_end_time(where: SlurmEnv) -> tuple[float | None, str | None]:
-    """When SLURM ends this job, and, if SLURM could not say after a few tries, why (else None)."""
+def job_times(where: SlurmEnv) -> tuple[slurm_cli.JobTimes | None, str | None]:
+    """When this job's time limit ends and when SLURM ends it (slurm.JobTimes), or None outside SLURM and when
+    SLURM could not say; then also why it could not (else None). The node side's one reader of both."""
     if not where.in_slurm or where.job_id is None:
         return None, None
-    error = ""
-    for tried in range(END_TIME_TRIES):
-        if tried:
-            time.sleep(END_TIME_PAUSE_S)
-        try:
-            return slurm_cli.job_end_time(where.job_id), None
-        except SwiftSlurmError as err:
-            error = str(err)
-    return None, f"the time limit could not be read after {END_TIME_TRIES} tries: {error}"
+    try:
+        return slurm_cli.job_times(where.job_id), None
+    except SlurmError as err:
+        tries = "1 try" if err.tries == 1 else f"{err.tries} tries"
+        return None, f"the time limit could not be read after {tries}: {err.said or err}"
 
 
 def close_lost_attempt(
@@ -250,7 +239,8 @@ def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> tuple[
     Also returns why the end time is unknown, if it is."""
     if not observed.signals:
         return None, None
-    ends, unknown = read_end_time(where)
+    times, unknown = job_times(where)
+    ends = times.limit_ends if times else None
     usr2 = next((t for s, t in observed.signals if s == SAVE_SIGNAL), None)
     if usr2 is not None and unknown:
         return decide.Reason.UNKNOWN_STOP, unknown

@@ -33,19 +33,15 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
     ignore_from_now_on((signal.SIGTERM,))
     job = str(where.job_id)
-    try:
-        slurm_cli.run(["scontrol", "requeue", job])
-    except SwiftSlurmError as err:
-        if "pending" not in str(err).lower():  # SLURM requeued it already (node failure): carry on
-            raise
+    slurm_cli.requeue(job)
     updates = _updates(plan, decision)
     if updates:
-        slurm_cli.run(["scontrol", "update", f"JobId={job}", *updates])
+        slurm_cli.update_job(job, updates)
     if decision.nodes is not None:
         _set_node_count(job, decision.nodes, _cpus_per_task(plan))
     if not _excluded(plan, decision):  # clear exclusions that expired (ExcNodeList stays on a requeued job)
         try:
-            slurm_cli.run(["scontrol", "update", f"JobId={job}", "ExcNodeList="])
+            slurm_cli.update_job(job, {"ExcNodeList": ""})
         except SwiftSlurmError as err:  # the job keeps its old exclusions: it still runs, on fewer nodes
             print(f"[swiftslurm] could not clear the job's excluded nodes: {err}", flush=True)
     print(f"[swiftslurm] job {job} requeued: this attempt ends now", flush=True)
@@ -57,9 +53,9 @@ def _set_node_count(job: str, nodes: int, cpus_per_task: int) -> None:
     range ("2-2") because a bare count may leave the job's old maximum in place. NumCPUs too: SLURM 22.05 keeps
     the job's old total, and 3 nodes' CPUs asked of 2 nodes leave the job pending for good (BadConstraints).
     On failure the job keeps the node count it had: it still runs once that many nodes are there."""
-    shape = [f"NumNodes={nodes}-{nodes}", f"NumTasks={nodes}", f"NumCPUs={nodes * cpus_per_task}"]
+    shape = {"NumNodes": f"{nodes}-{nodes}", "NumTasks": str(nodes), "NumCPUs": str(nodes * cpus_per_task)}
     try:
-        slurm_cli.run(["scontrol", "update", f"JobId={job}", *shape])
+        slurm_cli.update_job(job, shape)
     except SwiftSlurmError as err:
         print(f"[swiftslurm] could not set the job's node count to {nodes}: {err}", flush=True)
 
@@ -69,13 +65,13 @@ def _cpus_per_task(plan: JobPlan) -> int:
     return (plan.slurm.cpus_per_task if plan.slurm else None) or 1
 
 
-def _updates(plan: JobPlan, decision: decide.Decision) -> list[str]:
+def _updates(plan: JobPlan, decision: decide.Decision) -> dict[str, str]:
     """`scontrol update` fields for the pending job: hosts to avoid and when to start."""
-    updates = []
+    updates = {}
     if excluded := _excluded(plan, decision):
-        updates.append(f"ExcNodeList={','.join(excluded)}")
+        updates["ExcNodeList"] = ",".join(excluded)
     if decision.delay_s > 0:
-        updates.append(f"StartTime=now+{int(decision.delay_s)}")
+        updates["StartTime"] = f"now+{int(decision.delay_s)}"
     return updates
 
 

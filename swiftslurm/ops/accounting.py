@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops import ledger
 from swiftslurm.plan import PlanGlance
@@ -24,18 +25,17 @@ from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_at
 from swiftslurm.rundir.timeline import read_timeline
 
 ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
-ASK_TIMEOUT_S = 10.0
 # SLURM states after which a job run's row never changes and no new run of the job comes.
 FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
 Asker = Callable[[list[str]], list[dict[str, Any]]]
+# How `status` asks SLURM (here and runs.ask_slurm): a person waits, so each question ends within 20 s.
+STATUS_ASKS = slurm_cli.Retry(timeout_s=10.0, tries=3, first_pause_s=1.0, budget_s=20.0)
 
 
 def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
-    from swiftslurm import slurm as slurm_cli
-
-    return slurm_cli.job_runs(job_ids, ASK_TIMEOUT_S)
+    return slurm_cli.job_runs(job_ids, STATUS_ASKS)
 
 
 def job_ids(run_dir: Path) -> list[str]:

@@ -65,10 +65,10 @@ def cancel_all(run_dirs: list[Path], save_wait_s: float = CANCEL_SAVE_WAIT_S) ->
     live = [d for d in run_dirs if d not in said]
     recorded = {d: len(read_attempts(d)) for d in live if facts[d].state == "running"}
     if recorded:
-        _scancel(["--signal=USR2", *(str(facts[d].job_id) for d in recorded)])
+        slurm_cli.cancel([str(facts[d].job_id) for d in recorded], signal="USR2")
         _wait_for_records(recorded, save_wait_s)
     if live:
-        _scancel([str(facts[d].job_id) for d in live])
+        slurm_cli.cancel([str(facts[d].job_id) for d in live])
     for run_dir in live:
         said[run_dir] = f"{facts[run_dir].run_name}: cancelled job {facts[run_dir].job_id}{_saved(run_dir, recorded)}."
     return [said[d] for d in run_dirs]
@@ -87,14 +87,6 @@ def _saved(run_dir: Path, recorded: dict[Path, int]) -> str:
     if run_dir not in recorded or len(attempts) <= recorded[run_dir]:
         return ""
     return f"; saved at step {attempts[-1].committed_step}"
-
-
-def _scancel(args: list[str]) -> None:
-    try:
-        slurm_cli.run(["scancel", *args])
-    except SwiftSlurmError as err:  # the job ended meanwhile: nothing left to cancel
-        if "already" not in str(err).lower() and "invalid job id" not in str(err).lower():
-            raise
 
 
 def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:

@@ -8,13 +8,14 @@ view), attempts.jsonl (one record per attempt), sync.json (object storage), outp
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
-from swiftslurm.ops.accounting import run_ledger
+from swiftslurm.errors import SwiftSlurmError
+from swiftslurm.ops.accounting import STATUS_ASKS, run_ledger
 from swiftslurm.ops.ledger import Ledger
 from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json
@@ -50,35 +51,13 @@ def ask_slurm(job_ids: list[str]) -> SlurmView:
     if not job_ids:
         return SlurmView(available=True)
     try:
-        states = _squeue(job_ids)
+        states = slurm_cli.queue_states(job_ids, STATUS_ASKS)
         ended = [job for job in job_ids if job not in states]
         if ended:
-            states |= _sacct(ended)
-    except (OSError, subprocess.SubprocessError) as err:
+            states |= slurm_cli.accounted_states(ended, STATUS_ASKS)
+    except SwiftSlurmError as err:
         return SlurmView(available=False, error=str(err).strip().splitlines()[-1][:200])
     return SlurmView(available=True, states=states)
-
-
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    if done.returncode != 0 and "Invalid job id" not in done.stderr:
-        raise subprocess.SubprocessError(f"`{argv[0]}` failed: {done.stderr.strip() or done.returncode}")
-    return done.stdout
-
-
-def _squeue(job_ids: list[str]) -> dict[str, str]:
-    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"])
-    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
-
-
-def _sacct(job_ids: list[str]) -> dict[str, str]:
-    out = _run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"])
-    states = {}
-    for line in out.splitlines():
-        job, _, state = line.partition("|")
-        if job and state:
-            states[job] = state.split()[0]  # "CANCELLED by 0" -> CANCELLED
-    return states
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from swiftslurm.engines.registry import STRATEGY_ENGINES, engine_for_strategy
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.plan import BACKGROUND_PRIORITIES
 from swiftslurm.planning import memory_plan
+from swiftslurm.slurm import parse_time
 from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ VLLM_MODES = ("colocate", "server")
 MAX_PORT = 65535
 S3_MIN_PART_MB = 5  # S3's smallest multipart part (every part but the last)
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
@@ -475,23 +475,17 @@ NO_TIME_LIMIT = 0  # parse_slurm_time of UNLIMITED or INFINITE, SLURM's spelling
 
 
 def parse_slurm_time(text: str) -> int:
-    """SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> whole minutes, rounded up;
-    UNLIMITED or INFINITE (any case) -> NO_TIME_LIMIT."""
-    if str(text).strip().upper() in ("UNLIMITED", "INFINITE"):
-        return NO_TIME_LIMIT
-    match = _SLURM_TIME.match(str(text).strip())
-    if not match:
+    """cluster.time (SLURM's grammar: slurm.parse_time) -> whole minutes, rounded up; UNLIMITED or INFINITE
+    (any case) -> NO_TIME_LIMIT."""
+    try:
+        seconds = parse_time(str(text))
+    except ValueError as err:
         raise ConfigError(
             f"cluster.time={text!r} is not a SLURM time limit. HINT: use MM, HH:MM:SS, D-HH:MM:SS or UNLIMITED, "
             "e.g. cluster.time=4:00:00 or cluster.time=1-12:00:00."
-        )
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:  # HH:MM:SS
-        seconds = int(a) * 3600 + int(b) * 60 + int(c)
-    else:  # MM[:SS]
-        seconds = int(a) * 60 + int(b or 0)
+        ) from err
+    if seconds is None:
+        return NO_TIME_LIMIT
     if seconds <= 0:
         raise ConfigError(f"cluster.time={text!r} is zero. HINT: give a positive limit, e.g. 4:00:00.")
     return -(-seconds // 60)

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 
 TOKEN_ENV = "SWIFTSLURM_LEASE_TOKEN"  # set by the wrapper for the trainer: the token its retention checks
-SLURM_TRIES = 3  # squeue / scontrol can fail for a moment (slurmctld busy): ask again before giving up
-SLURM_PAUSE_S = 2.0
 
 
 class LeaseLost(NodeError):
@@ -87,12 +85,12 @@ def job_of(where: SlurmEnv) -> str:
 
 def acquire(run_dir: Path, where: SlurmEnv, attempt: str, alive: Callable[[str], bool] | None = None) -> Lease | str:
     """Take the lease for this job, or say in one line why not (another job that SLURM still holds leads
-    the run). ``alive`` asks SLURM about a job (default: squeue, a few tries)."""
+    the run). ``alive`` asks SLURM about a job (default: squeue, retried as slurm.RETRY says)."""
     me = job_of(where)
     with _locked(run_dir):
         current = read(run_dir)
         holder = current.get("job")
-        if holder and holder != me and (why := _still_leads(holder, alive or _alive)):
+        if holder and holder != me and (why := _still_leads(holder, alive or slurm_cli.job_alive)):
             return (
                 f"job {me} does not lead {run_dir}: {why}; it stops without touching the run. HINT: one job per "
                 f"run dir: wait for job {holder}, or `scancel {holder}` first (the run then resumes here)."
@@ -111,7 +109,7 @@ def led_elsewhere(run_dir: Path, where: SlurmEnv, alive: Callable[[str], bool] |
     holder = read(run_dir).get("job")
     if not holder or holder == job_of(where):
         return None
-    return _still_leads(holder, alive or _alive)
+    return _still_leads(holder, alive or slurm_cli.job_alive)
 
 
 def _still_leads(holder: str, alive: Callable[[str], bool]) -> str | None:
@@ -124,13 +122,9 @@ def _still_leads(holder: str, alive: Callable[[str], bool]) -> str | None:
         return f"job {holder} holds the lease and SLURM could not say whether it still runs ({err})"
 
 
-def _alive(job: str) -> bool:
-    return _ask_slurm(lambda: slurm_cli.job_alive(job))
-
-
 def job_alive(job: str) -> bool:
     """Whether SLURM still holds ``job`` (False for a job outside SLURM, which cannot be asked about)."""
-    return not job.startswith("local-") and _alive(job)
+    return not job.startswith("local-") and slurm_cli.job_alive(job)
 
 
 def nonce(where: SlurmEnv) -> str | None:
@@ -140,21 +134,10 @@ def nonce(where: SlurmEnv) -> str | None:
         return None
     job = where.job_id
     try:
-        return f"{job}@{_ask_slurm(lambda: slurm_cli.job_start(job))}"
+        return f"{job}@{slurm_cli.job_start(job)}"
     except SwiftSlurmError as err:  # then resume.json is taken as before nonces, whoever wrote it
         print(f"[swiftslurm] job {job}: SLURM could not say when it started, so no nonce: {err}", flush=True)
         return None
-
-
-def _ask_slurm(question: Callable[[], Any]) -> Any:
-    for tried in range(1, SLURM_TRIES + 1):
-        try:
-            return question()
-        except SwiftSlurmError as err:
-            if tried == SLURM_TRIES or "Invalid job id" in str(err):  # the latter is no passing failure
-                raise
-            time.sleep(SLURM_PAUSE_S)
-    raise AssertionError("unreachable")
 
 
 @contextmanager

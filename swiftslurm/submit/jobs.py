@@ -1,6 +1,6 @@
 """Writing the run directory, and submitting it through submitit (SLURM, or this machine).
 
-This module and ``slurm_cli`` are the only places that touch the scheduler.
+Submissions go through submitit; every other SLURM command goes through ``swiftslurm.slurm``.
 """
 
 from __future__ import annotations

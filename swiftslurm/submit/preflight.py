@@ -65,7 +65,7 @@ def submit_and_wait(plan: JobPlan, timeout_s: float) -> tuple[str, pc.Report | N
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / SBATCH
     script.write_text(render_preflight_sbatch(plan, timeout_s))
-    job_id = slurm_cli.run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+    job_id = slurm_cli.submit_batch(script)
     print(f"submitted preflight job {job_id} ({plan.topology.nodes} node(s)); waiting for it", flush=True)
     _wait_for(job_id)
     return job_id, read_report(preflight_report(plan.run_dir, job_id))
@@ -73,15 +73,7 @@ def submit_and_wait(plan: JobPlan, timeout_s: float) -> tuple[str, pc.Report | N
 
 def _wait_for(job_id: str) -> None:
     """Until the job has left the queue (pending time included: the allocation may be busy)."""
-    while True:
-        try:
-            state = slurm_cli.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).strip()
-        except SubmitError as err:
-            if "invalid job id" in str(err).lower():  # already purged from slurmctld's memory: it ended
-                return
-            raise
-        if not state:
-            return
+    while slurm_cli.job_alive(job_id):
         time.sleep(POLL_S)
 
 

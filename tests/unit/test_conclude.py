@@ -1,4 +1,4 @@
-"""The leader's account of an attempt with SLURM faked at its one seam (slurm_cli.run): how a stop signal is
+"""The leader's account of an attempt with SLURM faked at its one seam (slurm_cli.runner): how a stop signal is
 classified when `scontrol` cannot say the time limit, and when a host is blamed and excluded."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint
 from swiftslurm.engines.progress import ProgressWatch
-from swiftslurm.errors import SubmitError
 from swiftslurm.node import conclude as conclude_mod
 from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
@@ -35,8 +34,12 @@ USR2 = int(signal.SIGUSR2)
 ILLEGAL_ACCESS = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
 
 
+SOCKET_TIMED_OUT = slurm_cli.Answer(1, stderr="slurm_load_jobs error: Socket timed out on send/recv operation")
+
+
 class FakeSlurm:
-    """Answers slurm_cli.run like SLURM would: the job's times, node states, the partition's nodes."""
+    """Answers SLURM's commands (slurm_cli.runner) like SLURM would: the job's times, node states, the
+    partition's nodes."""
 
     def __init__(self, end_in_s: float | None = 3600, node_state: str = "ALLOCATED", partition: int = 4) -> None:
         self.end_in_s = end_in_s  # None: `scontrol show job` fails
@@ -45,25 +48,29 @@ class FakeSlurm:
         self.partition = partition  # nodes in the partition; 0: sinfo fails
         self.calls: list[list[str]] = []
 
-    def run(self, argv: list[str]) -> str:
-        self.calls.append(argv)
+    def __call__(self, argv: list[str], timeout_s: float) -> slurm_cli.Answer:
+        self.calls.append(list(argv))
         if argv[:3] == ["scontrol", "show", "job"]:
             return self._job()
         if argv[:3] == ["scontrol", "show", "node"]:
-            return "\n".join(
-                f"NodeName={h} Arch=x86_64 State={self.node_state} Partitions=debug" for h in argv[4].split(",")
+            return slurm_cli.Answer(
+                0,
+                "\n".join(
+                    f"NodeName={h} Arch=x86_64 State={self.node_state} Partitions=debug" for h in argv[4].split(",")
+                ),
             )
         if argv[0] == "sinfo" and self.partition:
-            return "".join(f"gpu{i} debug*\n" for i in range(self.partition))
-        raise SubmitError(f"`{' '.join(argv)}` failed: Socket timed out on send/recv operation")
+            return slurm_cli.Answer(0, "".join(f"gpu{i} debug*\n" for i in range(self.partition)))
+        return SOCKET_TIMED_OUT
 
-    def _job(self) -> str:
+    def _job(self) -> slurm_cli.Answer:
         if self.job_failures_left > 0:
             self.job_failures_left -= 1
-            raise SubmitError("`scontrol show job -o 77` failed: Socket timed out on send/recv operation")
+            return SOCKET_TIMED_OUT
         start = datetime.fromtimestamp(time.time() - 600).isoformat(timespec="seconds")
         limit = int(600 + (self.end_in_s or 0))
-        return f"JobId=77 JobName=x StartTime={start} TimeLimit={limit // 3600:02d}:{limit % 3600 // 60:02d}:00\n"
+        limit_text = f"{limit // 3600:02d}:{limit % 3600 // 60:02d}:00"
+        return slurm_cli.Answer(0, f"JobId=77 JobName=x StartTime={start} TimeLimit={limit_text}\n")
 
     def job_reads(self) -> int:
         return sum(argv[:3] == ["scontrol", "show", "job"] for argv in self.calls)
@@ -72,7 +79,8 @@ class FakeSlurm:
 @pytest.fixture
 def slurm(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     fake = FakeSlurm()
-    monkeypatch.setattr(slurm_cli, "run", fake.run)
+    monkeypatch.setattr(slurm_cli, "runner", fake)
+    monkeypatch.setattr(slurm_cli, "sleep", lambda _s: None)
     monkeypatch.setattr(time, "sleep", lambda _s: None)
     monkeypatch.setattr(conclude_mod, "SILENT_HOST_WAIT_S", 0.0)
     monkeypatch.setattr(conclude_mod, "NODE_STATE_WAIT_S", 0.0, raising=False)

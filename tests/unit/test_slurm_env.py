@@ -131,13 +131,3 @@ def test_more_than_one_task_per_node_is_refused() -> None:
     where = SlurmEnv.from_environ(srun_env(0, SLURM_NTASKS="4"))
     with pytest.raises(NodeError, match="--ntasks-per-node=1"):
         check_allocation(where, plan)
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("00:02:00", 120), ("1-00:00:00", 86400), ("30:00", 1800), ("2-03:04:05", 183845), ("UNLIMITED", None)],
-)
-def test_scontrol_time_limits_parse(text: str, seconds: int | None) -> None:
-    from swiftslurm.slurm import limit_seconds
-
-    assert limit_seconds(text) == seconds
