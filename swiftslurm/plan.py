@@ -118,7 +118,7 @@ class Resilience:
 
 @dataclass(frozen=True)
 class PreflightSpec:
-    """The pre-launch checks (node/preflight.py): a job's first step with `preflight=true`, or on their own
+    """The pre-launch checks (preflight/gather.py): a job's first step with `preflight=true`, or on their own
     with `python -m swiftslurm.submit.preflight RUN_DIR`."""
 
     enabled: bool = False

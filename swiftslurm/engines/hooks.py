@@ -15,7 +15,7 @@ For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its s
 (`register_stack_dump`), and global rank 0 announces the pauses the wrapper must not take for a hang
 (`announce_pause`: a save, an evaluation, an epoch boundary).
 
-Global rank 0 also writes the trainer's timeline (node/timeline.py): loop begun, each save and commit, loop
+Global rank 0 also writes the trainer's timeline (rundir/timeline.py): loop begun, each save and commit, loop
 ended, for the goodput ledger.
 """
 
@@ -193,7 +193,7 @@ class Committer:
 
     @staticmethod
     def _leads() -> bool:
-        """Whether this run's leader still holds the run dir's lease (node/lease.py): a leader that lost it
+        """Whether this run's leader still holds the run dir's lease (rundir/lease.py): a leader that lost it
         must not prune. Without a token (the trainer started by hand) there is no lease to check."""
         token, run_dir = os.environ.get(TOKEN_ENV), os.environ.get("SWIFTSLURM_RUN_DIR")
         if token is None or run_dir is None or lease.holds(Path(run_dir), int(token)):

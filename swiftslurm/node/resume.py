@@ -1,7 +1,7 @@
 """Every node resumes from the same checkpoint: the leader picks it and publishes it in
 logs/<attempt>/resume.json; the other nodes wait for that file as long as the leader's heartbeat says it
 is alive (swiftslurm.node.heartbeat), however long its restore takes, and take only one with their own job
-run's nonce (node/lease.py): an earlier job with the same id may have left one there. A stop signal before
+run's nonce (rundir/lease.py): an earlier job with the same id may have left one there. A stop signal before
 the choice is published ends the attempt on every node before any trainer starts (Interrupted)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ requeue starts a new one) held `width` devices (nodes × GPUs per node, or CPU p
 Start to its End. That time is split by marks: a mark says from which moment the time goes to which category,
 until the next mark. The allocation's Start opens start-up; each attempt adds its own marks, from the
 attempt's record (when the wrapper entered each phase, node/attempt.py) and from its trainer's timeline
-(global rank 0: training loop begun, each save and commit, loop ended; node/timeline.py):
+(global rank 0: training loop begun, each save and commit, loop ended; rundir/timeline.py):
 
     startup      job start -> the wrapper's attempt (allocation check, lease, preflight)
     restore      choosing the resume point (quarantine; the restore from object storage; converting a ZeRO

@@ -1,6 +1,6 @@
 """The pre-launch checklist as values: one `Check` per fact, one `NodeReport` per node, one `Report` per run.
 
-Everything here is pure (no clock, files or sockets): `node/preflight.py` gathers the facts on each node and
+Everything here is pure (no clock, files or sockets): `preflight/gather.py` gathers the facts on each node and
 calls these to judge them, so every message and threshold is tested with plain tables.
 """
 

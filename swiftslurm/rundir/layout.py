@@ -21,7 +21,7 @@
                          watchdog found the run hung: when, at which step, the window), stacks/rank<R>.txt
                          (rank R's Python stacks, all threads, dumped before a hung trainer is killed),
                          trainer.jsonl (global rank 0's timeline: loop begun, saves, commits, loop ended;
-                         node/timeline.py), outcome.json (node 0's word: restart in place, or end)
+                         rundir/timeline.py), outcome.json (node 0's word: restart in place, or end)
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
@@ -57,10 +57,10 @@ LOGS = "logs"
 SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
 RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 OUTCOME = "outcome.json"  # in logs/<attempt>/: node 0's word on what follows the attempt (restart or end)
-TRAINER_TIMELINE = "trainer.jsonl"  # in logs/<attempt>/: global rank 0's events (node/timeline.py)
+TRAINER_TIMELINE = "trainer.jsonl"  # in logs/<attempt>/: global rank 0's events (rundir/timeline.py)
 ACCOUNTING = "accounting.json"  # `status`'s cache of sacct's rows for the run's jobs
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
-LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (node/lease.py)
+LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (rundir/lease.py)
 LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
 HANG = "hang.json"  # in logs/<attempt>/: node 0 found the run hung; every node dumps its ranks' stacks
 STACKS = "stacks"  # in logs/<attempt>/: one file per rank, written by the rank itself (faulthandler)

@@ -55,7 +55,7 @@ class Uploader:
     ) -> None:
         self.store = store
         self.keep = store.spec.keep if keep is None else keep
-        self.leads = leads  # whether this node still leads the run (node/lease.py); only a leader prunes
+        self.leads = leads  # whether this node still leads the run (rundir/lease.py); only a leader prunes
         self.history = history
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
