@@ -1,15 +1,18 @@
-"""Shared fixtures: composing real conf/ configurations and planning them without side effects."""
+"""Shared fixtures: composing real conf/ configurations and planning them without side effects; the S3 server."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from swiftslurm.__main__ import to_config
 from swiftslurm.plan import JobPlan
 from swiftslurm.planning.config import Config, open_dict_overrides, register_configs
 from swiftslurm.planning.make import PlanContext, make_plan
+from swiftslurm.testing.s3 import SeaweedServer, serve_for_tests, use_test_credentials
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -28,3 +31,16 @@ def plan_for(*overrides: str, cwd: Path = Path("/home/user/project")) -> JobPlan
     """Plan with fixed outside facts (cwd, python, cache) so renderings are reproducible."""
     ctx = PlanContext(cwd=cwd, python=FIXED_PYTHON, env={"SWIFTSLURM_CACHE": FIXED_CACHE})
     return make_plan(compose_config(*overrides), ctx)
+
+
+@pytest.fixture(scope="module")
+def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
+    """SeaweedFS with the requesting module's BUCKET, listening on its S3_HOST (default 127.0.0.1; jobs on the
+    local cluster need the bridge address)."""
+    yield from serve_for_tests(getattr(request.module, "S3_HOST", "127.0.0.1"), request.module.BUCKET)
+
+
+@pytest.fixture
+def s3_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test server's credentials where boto3's chain finds them on a node: the environment."""
+    use_test_credentials(monkeypatch)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.cli import help as cli_help
+from swiftslurm.testing.cli import swiftslurm
 from tests.conftest import REPO
-from tests.unit.test_cli import swiftslurm
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

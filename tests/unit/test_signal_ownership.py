@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,8 +31,8 @@ from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.uploader import Uploader
+from swiftslurm.testing.s3 import FaultProxy, Faults, SeaweedServer, use_test_credentials
 from tests.conftest import plan_for
-from tests.s3server import FaultProxy, Faults, SeaweedServer, serve_for_tests, use_test_credentials
 
 LOCAL = SlurmEnv.from_environ({})  # node 0, no SLURM: a requeue is a retry in this process
 PROMPT_S = 5.0  # "promptly": far below the waits that a signal cuts short (900 s, a whole download)
@@ -215,11 +215,6 @@ def test_a_signal_cuts_the_upload_drain_to_what_slurm_allows(tmp_path: Path) -> 
         left = uploader.drain(600, cut.left_s)
     assert len(left) == 1 and time.monotonic() - started < PROMPT_S + unreachable.timeout_s + 5
     assert cut.left_s() <= 0  # SLURM cannot say when it ends (no SLURM here): nothing is left
-
-
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
 
 
 def test_a_signal_cancels_a_real_restore_mid_download(

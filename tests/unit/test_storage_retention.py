@@ -7,7 +7,6 @@ gate), never by the machine's speed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,14 @@ from swiftslurm.plan import StorageSpec
 from swiftslurm.rundir.layout import DOWNLOAD_STAGING
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 from swiftslurm.storage.sync import NodeSync, restore
+from swiftslurm.testing.s3 import SeaweedServer
 from tests.conftest import plan_for
-from tests.s3server import SeaweedServer, serve_for_tests, use_test_credentials
 from tests.unit.test_store import make_checkpoint, spec_for
 
 BUCKET = "swiftslurm-unit"
 
 
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
-
-
-@pytest.fixture(autouse=True)
-def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_test_credentials(monkeypatch)
+pytestmark = pytest.mark.usefixtures("s3_credentials")
 
 
 @pytest.fixture

@@ -27,21 +27,14 @@ from swiftslurm.storage.store import CheckpointStore, make_client, newest_remote
 from swiftslurm.storage.sync import NodeSync, restore
 from swiftslurm.storage.uploader import Uploader
 from swiftslurm.submit.jobs import check_storage
+from swiftslurm.testing.s3 import SECRET_KEY, SeaweedServer, use_test_credentials
 from tests.conftest import REPO, plan_for
-from tests.s3server import SECRET_KEY, SeaweedServer, serve_for_tests, use_test_credentials
 
 MiB = 1 << 20
 BUCKET = "swiftslurm-unit"
 
 
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
-
-
-@pytest.fixture(autouse=True)
-def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_test_credentials(monkeypatch)
+pytestmark = pytest.mark.usefixtures("s3_credentials")
 
 
 def spec_for(endpoint_url: str, prefix: str) -> StorageSpec:
