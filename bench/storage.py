@@ -187,7 +187,7 @@ def busy_cpu_seconds() -> float:
 
 def start_seaweed(checkpoint: Path) -> Target:
     from swiftslurm.storage.store import CheckpointStore
-    from tests.s3server import SeaweedServer
+    from swiftslurm.testing.s3 import SeaweedServer
 
     server = SeaweedServer("127.0.0.1").start()
     try:
@@ -197,8 +197,7 @@ def start_seaweed(checkpoint: Path) -> Target:
     except BaseException:
         server.stop()
         raise
-    pid = getattr(server, "_process").pid  # noqa: B009 - the test helper keeps its child private
-    return Target("seaweedfs", server.endpoint_url, pid, ("upload", "restore"), server.stop)
+    return Target("seaweedfs", server.endpoint_url, server.pid, ("upload", "restore"), server.stop)
 
 
 def start_light(mode: str, data_root: Path) -> Target:
@@ -246,7 +245,7 @@ def credentials_env() -> Iterator[None]:
 
 
 def client_env(aws_config: Path) -> dict[str, str]:
-    from tests.s3server import ACCESS_KEY, SECRET_KEY
+    from swiftslurm.testing.s3 import ACCESS_KEY, SECRET_KEY
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     return env | {
@@ -316,7 +315,7 @@ def run_client(argv: list[str], env: dict[str, str]) -> tuple[float, float, floa
 
 
 def remote_tree(endpoint: str, prefix: str) -> dict[str, int]:
-    from tests.s3server import s3_client
+    from swiftslurm.testing.s3 import s3_client
 
     root = f"{prefix}/checkpoint-{STEP}/"
     pages = s3_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=root)
@@ -448,7 +447,7 @@ def versions(tools: Path, clients: list[str]) -> dict[str, str]:
     def out(argv: list[str]) -> str:
         return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip().splitlines()[0]
 
-    from tests.s3server import weed_binary
+    from swiftslurm.testing.s3 import weed_binary
 
     found = {
         "python": platform.python_version(),
@@ -652,7 +651,7 @@ def train_once(work: Path, sync: str, repeat: int, args: argparse.Namespace, end
     committed = len(list(output.glob(f"checkpoint-*/{MANIFEST}")))
     uploaded = 0
     if sync == "on":
-        from tests.s3server import s3_client
+        from swiftslurm.testing.s3 import s3_client
 
         pages = s3_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/")
         uploaded = sum(item["Key"].endswith(MANIFEST) for page in pages for item in page.get("Contents", []))
@@ -707,7 +706,7 @@ def pair_ratios(runs: list[TrainingRun]) -> list[float]:
 def training(args: argparse.Namespace) -> None:
     """Interleaved local runs with `storage=none` and `storage=s3` (SeaweedFS on 127.0.0.1); the order flips
     every repeat so a trend in the machine's load hits both alike."""
-    from tests.s3server import SeaweedServer
+    from swiftslurm.testing.s3 import SeaweedServer
 
     repeats = args.repeats or (1 if args.quick else 5)
     if args.quick:
@@ -719,11 +718,10 @@ def training(args: argparse.Namespace) -> None:
         with SeaweedServer("127.0.0.1") as server:
             server.create_bucket(BUCKET)
             if args.server_priority == "idle":
-                run_server_at_idle_priority(getattr(server, "_process").pid)  # noqa: B009 - as below
+                run_server_at_idle_priority(server.pid)
             for repeat in range(repeats):
                 for sync in ("off", "on") if repeat % 2 == 0 else ("on", "off"):
-                    pid = getattr(server, "_process").pid  # noqa: B009 - the test helper keeps its child private
-                    run = train_once(work, sync, repeat, args, server.endpoint_url, pid)
+                    run = train_once(work, sync, repeat, args, server.endpoint_url, server.pid)
                     print(
                         f"sync {sync:3s} #{repeat}: {run.step_s:.4f} s/step (train_runtime "
                         f"{run.train_runtime_s:.1f} s, wall {run.wall_s:.1f} s, {run.committed} committed, "

@@ -1,10 +1,12 @@
-"""Shared by every tier: composing real conf/ configurations and planning them without side effects, and the
-tier's time budget (SWIFTSLURM_TIER_BUDGET_S, set by scripts/test.sh) that fails the session when exceeded."""
+"""Shared by every tier: composing real conf/ configurations and planning them without side effects; the S3
+server; and the tier's time budget (SWIFTSLURM_TIER_BUDGET_S, set by scripts/test.sh) that fails the session
+when exceeded."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from swiftslurm.__main__ import to_config
 from swiftslurm.plan import JobPlan
 from swiftslurm.planning.config import Config, open_dict_overrides, register_configs
 from swiftslurm.planning.make import PlanContext, make_plan
+from swiftslurm.testing.s3 import SeaweedServer, serve_for_tests, use_test_credentials
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -60,3 +63,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_sep("=", "TIER BUDGET EXCEEDED", red=True, bold=True)
             reporter.write_line(message, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="module")
+def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
+    """SeaweedFS with the requesting module's BUCKET, listening on its S3_HOST (default 127.0.0.1; jobs on the
+    local cluster need the bridge address)."""
+    yield from serve_for_tests(getattr(request.module, "S3_HOST", "127.0.0.1"), request.module.BUCKET)
+
+
+@pytest.fixture
+def s3_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test server's credentials where boto3's chain finds them on a node: the environment."""
+    use_test_credentials(monkeypatch)

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from swiftslurm.testing.cli import swiftslurm
 from tests.conftest import REPO
-
-
-def swiftslurm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "swiftslurm", *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_dry_run_prints_plan_script_node_table_and_command(tmp_path: Path) -> None:

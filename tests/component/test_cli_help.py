@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.cli import help as cli_help
-from tests.component.test_cli import swiftslurm
+from swiftslurm.testing.cli import swiftslurm
 from tests.conftest import REPO
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.rundir.records import record_submission
-from tests.component.test_cli import swiftslurm
+from swiftslurm.testing.cli import swiftslurm
 
 
 def finish(run_dir: Path) -> None:

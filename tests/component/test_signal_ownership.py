@@ -25,7 +25,7 @@ from swiftslurm.rundir.layout import RESUME, attempt_dir
 from swiftslurm.signals import SignalLog
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.uploader import Uploader
-from tests.s3server import FaultProxy, Faults, SeaweedServer, use_test_credentials
+from swiftslurm.testing.s3 import FaultProxy, Faults, SeaweedServer, use_test_credentials
 from tests.unit.test_signal_ownership import LOCAL, PROMPT_S, committed_checkpoint, local_plan
 
 

@@ -17,16 +17,14 @@ from swiftslurm.plan import StorageSpec
 from swiftslurm.rundir.layout import DOWNLOAD_STAGING
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 from swiftslurm.storage.sync import NodeSync, restore
+from swiftslurm.testing.s3 import SeaweedServer
 from tests.component.test_store import make_checkpoint, spec_for
 from tests.conftest import plan_for
-from tests.s3server import SeaweedServer, use_test_credentials
 
 BUCKET = "swiftslurm-unit"
 
 
-@pytest.fixture(autouse=True)
-def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_test_credentials(monkeypatch)
+pytestmark = pytest.mark.usefixtures("s3_credentials")
 
 
 @pytest.fixture

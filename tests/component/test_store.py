@@ -27,8 +27,8 @@ from swiftslurm.storage.store import CheckpointStore, make_client, newest_remote
 from swiftslurm.storage.sync import NodeSync, restore
 from swiftslurm.storage.uploader import Uploader
 from swiftslurm.submit.jobs import check_storage
+from swiftslurm.testing.s3 import SECRET_KEY, SeaweedServer, use_test_credentials
 from tests.conftest import REPO, plan_for
-from tests.s3server import SECRET_KEY, SeaweedServer, use_test_credentials
 
 MiB = 1 << 20
 BUCKET = "swiftslurm-unit"

@@ -7,25 +7,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from swiftslurm.sweep.workers import PARALLEL_FROM
+from swiftslurm.testing import cli
 from tests.conftest import REPO
 
 PROBE = Path(__file__).resolve().parent / "compose_probe"
 
 
 def swiftslurm(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command line with compose_probe importable and the runs under ``cwd``."""
     path = os.pathsep.join([str(REPO), str(PROBE), os.environ.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "swiftslurm", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": path, "SWIFTSLURM_RUNS": str(cwd / "runs"), **(env or {})},
-    )
+    extra = {"PYTHONPATH": path, "SWIFTSLURM_RUNS": str(cwd / "runs"), **(env or {})}
+    return cli.swiftslurm(*args, cwd=cwd, timeout=300, env=extra)
 
 
 def run_names(cwd: Path) -> list[str]:

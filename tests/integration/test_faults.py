@@ -7,252 +7,51 @@ Reproduce a failure with the seed it printed: SWIFTSLURM_FAULT_SEED=N (and SWIFT
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import random
-import re
-import signal
-import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from swiftslurm.ckpt.checkpoint import (
-    MANIFEST,
-    checkpoint_dirs,
-    checkpoint_step,
-    problems,
-    read_manifest,
-)
-from swiftslurm.rundir.jsonio import read_jsonl
-from swiftslurm.rundir.layout import ATTEMPTS, QUARANTINE
+from swiftslurm.ckpt.checkpoint import MANIFEST, checkpoint_dirs, checkpoint_step, problems, read_manifest
 from swiftslurm.rundir.records import read_status
-from tests.conftest import REPO
-from tests.integration.conftest import TERMINAL, job_state, swiftslurm
+from swiftslurm.testing.checkpoints import ResumeSeen, inspect_resume_point, quarantined_folders, saving_checkpoint
+from swiftslurm.testing.cluster import (
+    FAST_RETRIES,
+    alive,
+    attempts,
+    cancel_if_active,
+    describe,
+    job_hosts,
+    job_instances,
+    kill_9,
+    logged_step,
+    next_attempt,
+    recorded_attempts,
+    run_over,
+    run_state,
+    submit,
+    training_workers,
+    wait_for_run_end,
+    wait_for_training,
+    wait_gone,
+    wait_until,
+    workers_of,
+)
+from swiftslurm.testing.nodes import cluster_state_dir, excluded_nodes, lose_node, other_jobs_on, restore_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-T = TypeVar("T")
 SEED = int(os.environ.get("SWIFTSLURM_FAULT_SEED", "20251129"))
 KILLS = int(os.environ.get("SWIFTSLURM_FAULT_KILLS", "4"))
-FAST_RETRIES = ("resilience.backoff_base_s=1", "resilience.max_consecutive_failures=20")
-STEP_LINE = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
-EXEC_LINE = "[swiftslurm] exec: "
-RESUME_ARG = re.compile(r"--resume_from_checkpoint (\S+)")
-RUN_ENDED = {"finished", "failed", "cancelled"}
-NODE_READY = {"idle", "mixed", "allocated", "completing"}
 SAVE_POLL_S = 0.02
 MAX_STEPS = 300  # of the run in the kill test
 LOST_NODE_STEPS = 400  # of the run that loses a node
 
 
-# ---------------------------------------------------------------- runs, attempts, logs
-
-
-def submit(run_dir: Path, *overrides: str) -> str:
-    """Submit a run on the local cluster without waiting; return its SLURM job id."""
-    done = swiftslurm("+cluster=local-slurm", f"run_dir={run_dir}", *overrides, cwd=run_dir.parent, timeout=180)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    match = re.search(r"submitted job (\d+)", done.stdout)
-    assert match, done.stdout
-    return match.group(1)
-
-
-def wait_until(probe: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.5) -> T:
-    """Poll ``probe`` until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-ATTEMPT_ORDER = re.compile(r"^\d+(?:\.r(\d+))?(?:\.i(\d+))?$")
-
-
-def attempt_ids(run_dir: Path) -> list[str]:
-    """The attempts that have a log folder, oldest first: '<job>', '<job>.i1' (restarted in place),
-    '<job>.r1' (requeued), '<job>.r1.i1', ..."""
-    logs = run_dir / "logs"
-    names = [p.name for p in logs.iterdir() if p.is_dir() and ATTEMPT_ORDER.match(p.name)] if logs.is_dir() else []
-    return sorted(names, key=lambda name: tuple(int(n or 0) for n in ATTEMPT_ORDER.match(name).groups()))  # type: ignore[union-attr]
-
-
-def node_log(run_dir: Path, attempt: str, node: int) -> str:
-    try:
-        return (run_dir / "logs" / attempt / f"node{node}.log").read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def exec_line(run_dir: Path, attempt: str, node: int) -> str | None:
-    """The command line the node's wrapper started ms-swift with (written once it chose the resume point)."""
-    return next((line for line in node_log(run_dir, attempt, node).splitlines() if line.startswith(EXEC_LINE)), None)
-
-
-def next_attempt(run_dir: Path, known: list[str], timeout_s: float = 600) -> str:
-    """Wait for the oldest attempt not in ``known`` whose two nodes have both started ms-swift; return its id."""
-
-    def started() -> str | None:
-        new = [a for a in attempt_ids(run_dir) if a not in known]
-        return next((a for a in new if all(exec_line(run_dir, a, node) for node in (0, 1))), None)
-
-    return wait_until(started, timeout_s, f"a new attempt of {run_dir} (known: {known})")
-
-
-def recorded_attempts(run_dir: Path) -> set[str]:
-    return {record["attempt"] for record in read_jsonl(run_dir / ATTEMPTS)}
-
-
-def wait_for_training(run_dir: Path, attempt: str, timeout_s: float = 300) -> bool:
-    """Wait until the attempt logs a training step (True), or ends before that (False: e.g. another test's
-    urgent job preempted it)."""
-
-    def trains_or_ended() -> str | None:
-        if STEP_LINE.search(node_log(run_dir, attempt, 0)):
-            return "trains"
-        return "ended" if attempt in recorded_attempts(run_dir) else None
-
-    return wait_until(trains_or_ended, timeout_s, f"attempt {attempt} to train") == "trains"
-
-
-def job_hosts(job_id: str) -> list[str]:
-    """The nodes the job runs on now, first (the batch host, node 0) first."""
-    nodelist = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True).stdout
-    return expand_hostlist(nodelist.strip())
-
-
-def expand_hostlist(nodelist: str) -> list[str]:
-    if not nodelist or nodelist == "None assigned":
-        return []
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
-def job_instances(job_id: str) -> list[tuple[str, list[str]]]:
-    """(state, nodes) of every run of the job, requeued ones included, oldest first (sacct --duplicates)."""
-    out = subprocess.run(
-        ["sacct", "-j", job_id, "-D", "-X", "-n", "-P", "-o", "State,NodeList"], capture_output=True, text=True
-    ).stdout
-    rows = [line.split("|") for line in out.splitlines() if line.strip()]
-    return [(state.split()[0], expand_hostlist(nodes)) for state, nodes in rows]
-
-
-def queue_state(job_id: str) -> str | None:
-    """The job's state as slurmctld has it now (PENDING, RUNNING, COMPLETED, ...); None once forgotten."""
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.split()
-    return out[0] if out else None
-
-
-def wait_for_run_end(run_dir: Path, job_id: str, timeout_s: float = 600) -> str:
-    """The job's final state (sacct) once the run has ended. A requeued job passes through states that look
-    final (REQUEUED, NODE_FAIL), so the queue and the run's own status.json decide too; a job that stays in a
-    final state for a minute without the run saying it ended (e.g. killed and not requeued) ends the wait."""
-    final_since: list[float] = []
-    gone_since: list[float] = []
-
-    def ended() -> str | None:
-        queued, state = queue_state(job_id), job_state(job_id)
-        gone_since[:] = (gone_since or [time.monotonic()]) if queued is None and state == "UNKNOWN" else []
-        assert not gone_since or time.monotonic() - gone_since[0] < 60, (
-            f"job {job_id} is gone from squeue and sacct: was the cluster restarted (slurm-local.sh up) meanwhile?"
-        )
-        if state not in TERMINAL or (queued is not None and queued not in TERMINAL):
-            final_since.clear()
-            return None
-        if (read_status(run_dir) or {}).get("state") in RUN_ENDED:
-            return state
-        final_since[:] = final_since or [time.monotonic()]
-        return state if time.monotonic() - final_since[0] > 60 else None
-
-    return wait_until(ended, timeout_s, f"job {job_id} ({run_dir}) to end", poll_s=2)
-
-
-def cancel_if_active(job_id: str) -> None:
-    """scancel a job that is still pending, running or requeued (a test that failed must not leave it behind)."""
-    queued = queue_state(job_id)
-    if queued is not None and queued not in TERMINAL:
-        subprocess.run(["scancel", job_id], capture_output=True)
-
-
-def describe(record: dict[str, object]) -> str:
-    """One attempt record in a line, with its start-up and total seconds, for the test's output."""
-
-    def since_start(key: str) -> str:
-        start, at = record.get("start"), record.get(key)
-        return f"{at - start:.0f}s" if isinstance(start, float) and isinstance(at, float) else "-"
-
-    facts = ("hosts", "reason", "decision", "resume_step", "committed_step", "failed_host", "exclude_hosts")
-    shown = ", ".join(f"{k}={record.get(k)}" for k in facts)
-    return (
-        f"{record.get('attempt')}: {shown}, first step {since_start('first_step_at')}, "
-        f"ended {since_start('end')}\n    why: {record.get('why')}"
-    )
-
-
-# ---------------------------------------------------------------- training processes
-
-
-def training_workers(run_dir: Path) -> list[tuple[int, int]]:
-    """(rank, PID) of the run's ms-swift training processes, rank 0 first. torchrun's command line names
-    sft.py too, so only a process running sft.py as its script counts."""
-    output = str(run_dir / "output")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if not any(arg.endswith("swift/cli/sft.py") for arg in argv[1:3]) or output not in argv:
-                continue
-            env = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
-            rank = next((int(v.split("=", 1)[1]) for v in env if v.startswith("RANK=")), -1)
-            found.append((rank, int(entry.name)))
-    return sorted(found)
-
-
-def workers_of(run_dir: Path, attempt: str) -> list[int]:
-    """PIDs of the attempt's two training workers, rank 0 first; [] if the attempt ended first."""
-
-    def found() -> list[int] | str | None:
-        pids = [pid for _, pid in training_workers(run_dir)]
-        return pids if len(pids) == 2 else "ended" if attempt in recorded_attempts(run_dir) else None
-
-    pids = wait_until(found, 60, f"the training workers of {attempt}")
-    return pids if isinstance(pids, list) else []
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its parent."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def kill_9(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def wait_gone(pids: list[int], timeout_s: float = 30) -> None:
-    wait_until(lambda: not any(alive(p) for p in pids), timeout_s, f"PIDs {pids} to die", poll_s=0.1)
-
-
-def logged_step(run_dir: Path, attempt: str) -> int:
-    """The newest training step node 0 has logged in this attempt (ms-swift logs every 5 steps here)."""
-    steps = STEP_LINE.findall(node_log(run_dir, attempt, 0))
-    return int(steps[-1][0]) if steps else 0
+# ---------------------------------------------------------------- kills
 
 
 def kill_at_random_moment(run_dir: Path, attempt: str, pids: list[int], resume_step: int, rng: random.Random) -> bool:
@@ -277,14 +76,6 @@ def kill_at_random_moment(run_dir: Path, attempt: str, pids: list[int], resume_s
     return True
 
 
-def saving_checkpoint(output: Path, above: int) -> Path | None:
-    """A checkpoint newer than step ``above`` and every committed one that has no manifest yet: a save in
-    progress (an older folder without manifest is one being pruned, not saved)."""
-    dirs = checkpoint_dirs(output)
-    committed = max((step for step, path in dirs if (path / MANIFEST).is_file()), default=0)
-    return next((path for step, path in dirs if step > max(above, committed) and not (path / MANIFEST).is_file()), None)
-
-
 def kill_during_next_save(run_dir: Path, attempt: str, pids: list[int], above: int) -> tuple[bool, Path | None]:
     """Poll the output dir every 20 ms; kill -9 ``pids`` the moment a new checkpoint exists without its
     manifest. Return (killed, that checkpoint if it is still uncommitted once they are dead, i.e. the kill
@@ -303,39 +94,6 @@ def kill_during_next_save(run_dir: Path, attempt: str, pids: list[int], above: i
     return True, folder if landed else None
 
 
-# ---------------------------------------------------------------- resume points
-
-
-@dataclass(frozen=True)
-class ResumeSeen:
-    """The checkpoint an attempt resumed from, as found on disk when the attempt started."""
-
-    attempt: str
-    checkpoint: Path | None
-    committed_at: float | None  # its manifest's, None if it had none
-    problems: tuple[str, ...]  # problems(deep=True) at that moment
-    inode: int | None
-
-
-def inspect_resume_point(run_dir: Path, attempt: str) -> ResumeSeen:
-    """Read the checkpoint both nodes pass to ms-swift, and verify it at once (before training can touch or
-    prune anything)."""
-    lines = [exec_line(run_dir, attempt, node) or "" for node in (0, 1)]
-    chosen = [m.group(1) if (m := RESUME_ARG.search(line)) else None for line in lines]
-    assert chosen[0] == chosen[1], f"attempt {attempt}: node 0 resumes from {chosen[0]}, node 1 from {chosen[1]}"
-    if chosen[0] is None:
-        return ResumeSeen(attempt, None, None, (), None)
-    path = Path(chosen[0])
-    manifest = read_manifest(path)
-    inode = path.stat().st_ino if path.is_dir() else None
-    return ResumeSeen(attempt, path, manifest and manifest["committed_at"], tuple(problems(path, deep=True)), inode)
-
-
-def quarantined_folders(output: Path) -> list[Path]:
-    folder = output / QUARANTINE
-    return sorted(folder.iterdir()) if folder.is_dir() else []
-
-
 # ---------------------------------------------------------------- test 1: kill -9 at random moments
 
 
@@ -351,12 +109,17 @@ def test_kill_9_at_random_moments_always_resumes_from_a_committed_checkpoint(
     save_kill_turn = rng.randrange(KILLS)
     seen: list[ResumeSeen] = []
     mid_save: dict[str, Path] = {}  # attempt -> the checkpoint it was killed in the middle of saving
+    kills: list[str] = []  # attempts killed
     try:
-        kills: list[str] = []  # attempts killed
         # One kill mid-save is required; if the commit wins the race, the next kill tries again (3 extra at most).
+        # A run that reaches its last step before the kills are used up has nothing left to kill.
+        over = run_over(run_dir, job)
         while len(kills) < KILLS or (not mid_save and len(kills) < KILLS + 3):
             assert len(seen) <= KILLS + 8, f"too many attempts ended on their own: {seen}"
-            attempt = next_attempt(run_dir, [s.attempt for s in seen])
+            attempt = next_attempt(run_dir, [s.attempt for s in seen], over=over)
+            if attempt is None:
+                print(f"the run ended after {len(kills)} of {KILLS} kills")
+                break
             seen.append(inspect_resume_point(run_dir, attempt))
             resume_step = (checkpoint_step(seen[-1].checkpoint) or 0) if seen[-1].checkpoint else 0
             pids = workers_of(run_dir, attempt) if wait_for_training(run_dir, attempt) else []
@@ -370,12 +133,13 @@ def test_kill_9_at_random_moments_always_resumes_from_a_committed_checkpoint(
                 killed = kill_at_random_moment(run_dir, attempt, pids, resume_step, rng)
             if killed:
                 kills.append(attempt)
-        seen.append(inspect_resume_point(run_dir, next_attempt(run_dir, [s.attempt for s in seen])))
+        if (last := next_attempt(run_dir, [s.attempt for s in seen], over=over)) is not None:
+            seen.append(inspect_resume_point(run_dir, last))
         state = wait_for_run_end(run_dir, job)
     finally:
         cancel_if_active(job)
     assert state == "COMPLETED", (state, read_status(run_dir))
-    assert mid_save, "no kill landed in the middle of a save"
+    assert mid_save, f"no kill landed in the middle of a save ({len(kills)} kills: {kills})"
     assert_kill_history(run_dir, seen, kills, mid_save, keep)
 
 
@@ -383,10 +147,10 @@ def assert_kill_history(
     run_dir: Path, seen: list[ResumeSeen], kills: list[str], mid_save: dict[str, Path], keep: int
 ) -> None:
     output = run_dir / "output"
-    records = read_jsonl(run_dir / ATTEMPTS)
+    records = attempts(run_dir)
     for record in records:
         print(describe(record))
-    assert (read_status(run_dir) or {}).get("state") == "finished", read_status(run_dir)
+    assert run_state(run_dir) == "finished", read_status(run_dir)
     by_attempt = {r["attempt"]: r for r in records}
     assert set(by_attempt) >= {s.attempt for s in seen}, (list(by_attempt), seen)
     for record in records[:-1]:
@@ -435,103 +199,6 @@ def assert_still_there_or_pruned(output: Path, resume: ResumeSeen, keep: int) ->
 # ---------------------------------------------------------------- test 2: a node lost
 
 
-def cluster_state_dir() -> Path:
-    env = subprocess.run(
-        ["bash", str(REPO / "scripts" / "slurm-local.sh"), "env"], capture_output=True, text=True
-    ).stdout
-    found = re.search(r"^SWIFTSLURM_SLURM_STATE=(\S+)$", env, re.MULTILINE)
-    return Path(found.group(1) if found else "/tmp/swiftslurm-slurm")
-
-
-def slurmd_pid(node: str) -> int | None:
-    """The PID of `slurmd -D -N NODE` (how scripts/slurm-local.sh starts each node's daemon)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                argv = (entry / "cmdline").read_bytes().decode().split("\0")
-                if Path(argv[0]).name == "slurmd" and argv[1:4] == ["-D", "-N", node] and alive(int(entry.name)):
-                    return int(entry.name)
-    return None
-
-
-def namespace_pids(node: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", f"sslurm-{node}"], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
-
-
-def node_state(node: str) -> str:
-    out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-p", "debug", "-o", "%T"], capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-def other_jobs_on(node: str, job_id: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-w", node, "-o", "%i"], capture_output=True, text=True).stdout
-    return [j for j in out.split() if j != job_id]
-
-
-def lose_node(node: str) -> None:
-    """As if the node lost power: kill -9 its slurmd, then everything in its network namespace (slurmstepd,
-    the wrapper, swift, torchrun, the worker), until nothing is left there."""
-    daemon = slurmd_pid(node)
-    assert daemon is not None, f"slurmd of {node} is not running"
-    kill_9([daemon])
-    for _ in range(50):
-        left = [pid for pid in namespace_pids(node) if alive(pid)]
-        if not left:
-            return
-        kill_9(left)
-        time.sleep(0.2)
-    raise AssertionError(f"processes in {node}'s namespace survive kill -9: {left}")
-
-
-def slurmd_command(node: str) -> list[str]:
-    """scripts/slurm-local.sh's start_slurmd: the node's network namespace, a UTS namespace named after it."""
-    namespace = ["nsenter", f"--net=/run/netns/sslurm-{node}", "--", "unshare", "--uts", "--"]
-    return [*namespace, "sh", "-c", 'hostname "$1" && exec slurmd -D -N "$1"', "sh", node]
-
-
-def restore_node(node: str, state_dir: Path) -> None:
-    """Start the node's slurmd again as scripts/slurm-local.sh's start_slurmd does, record its PID where the
-    script's status/up look for it, and return the node to service."""
-    if slurmd_pid(node) is None:
-        with open(state_dir / "log" / f"slurmd-{node}.out", "ab") as out:
-            daemon = subprocess.Popen(
-                slurmd_command(node),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=state_dir,
-            )
-        # nsenter, unshare and sh all exec: the PID is slurmd's, as `start_daemon` records it.
-        (state_dir / "pids" / f"slurmd-{node}.pid").write_text(f"{daemon.pid} slurmd\n")
-        wait_until(lambda: slurmd_pid(node) == daemon.pid, 30, f"slurmd of {node} to start")
-    # ReturnToService=2 brings it back once slurmd registers; RESUME only if it stays down or drained.
-    with contextlib.suppress(AssertionError):
-        wait_until(lambda: node_state(node) in NODE_READY, 30, f"{node} back in service", poll_s=1)
-    if node_state(node) not in NODE_READY:
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
-    wait_until(lambda: node_state(node) in NODE_READY, 120, f"{node} back in service (sinfo: {node_state(node)})")
-
-
-def excluded_nodes(job_id: str) -> str:
-    """The job's ExcNodeList, as the wrapper set it when it requeued (scontrol show job), for the record."""
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    found = re.search(r"\bExcNodeList=(\S+)", out)
-    return found.group(1) if found else "?"
-
-
-def wait_for_next_attempt_or_end(run_dir: Path, known: list[str]) -> None:
-    """Wait until an attempt not in ``known`` has started ms-swift on both its nodes, or the run ended."""
-
-    def moved_on() -> bool:
-        new = [a for a in attempt_ids(run_dir) if a not in known]
-        started = any(all(exec_line(run_dir, a, node) for node in (0, 1)) for a in new)
-        return started or (read_status(run_dir) or {}).get("state") in RUN_ENDED
-
-    wait_until(moved_on, 600, f"the run in {run_dir} to start another attempt (or end)", poll_s=1)
-
-
 def still_training_on(run_dir: Path, job: str, hosts: list[str]) -> bool:
     """The job still runs on ``hosts`` and both training workers are alive."""
     return job_hosts(job) == hosts and len(training_workers(run_dir)) == 2
@@ -557,7 +224,8 @@ def test_lost_node_is_excluded_and_the_run_finishes_on_the_others(tmp_path: Path
     try:
         while victim is None:  # an attempt may end on its own first (another test's urgent job): take the next
             assert len(known) < 5, f"no attempt trained long enough to lose a node in it: {known}"
-            attempt = next_attempt(run_dir, known)
+            attempt = next_attempt(run_dir, known, over=run_over(run_dir, job))
+            assert attempt is not None, f"the run ended before a node could be lost: {read_status(run_dir)}"
             known.append(attempt)
             if not wait_for_training(run_dir, attempt):
                 continue
@@ -570,7 +238,7 @@ def test_lost_node_is_excluded_and_the_run_finishes_on_the_others(tmp_path: Path
                 lose_node(lost)
         # While the node is lost, `slurm-local.sh status` fails (and a concurrent `up` would restart the whole
         # cluster): bring it back as soon as the run has moved on to the next attempt, on the other nodes.
-        wait_for_next_attempt_or_end(run_dir, known)
+        next_attempt(run_dir, known, timeout_s=600, over=run_over(run_dir, job))
         restore_node(lost, state_dir)
         state = wait_for_run_end(run_dir, job, timeout_s=600)
     finally:
@@ -582,13 +250,13 @@ def test_lost_node_is_excluded_and_the_run_finishes_on_the_others(tmp_path: Path
 
 
 def assert_run_finished_without(run_dir: Path, job: str, state: str, victim: str, lost: str) -> None:
-    records = read_jsonl(run_dir / ATTEMPTS)
+    records = attempts(run_dir)
     instances = job_instances(job)
     for record in records:
         print(describe(record))
     print("sacct:", instances, "| ExcNodeList:", excluded_nodes(job))
     assert state == "COMPLETED", (state, read_status(run_dir), records)
-    assert (read_status(run_dir) or {}).get("state") == "finished", read_status(run_dir)
+    assert run_state(run_dir) == "finished", read_status(run_dir)
     ids = [r["attempt"] for r in records]
     assert victim in ids, (victim, ids)
     hit, later = records[ids.index(victim)], records[ids.index(victim) + 1 :]

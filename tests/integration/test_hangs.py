@@ -11,7 +11,7 @@ import pytest
 
 from swiftslurm.ckpt.checkpoint import is_committed
 from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
-from tests.integration.conftest import attempts, status, submit, wait_for_job
+from swiftslurm.testing.cluster import attempts, status, submit, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HANG_PLUGIN = Path(__file__).resolve().parent / "hang_plugin.py"

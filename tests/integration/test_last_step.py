@@ -17,14 +17,15 @@ import pytest
 
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_checkpoint, problems, read_manifest
 from swiftslurm.rundir.layout import QUARANTINE
-from tests.integration.conftest import (
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import (
     TERMINAL,
     attempts,
     job_state,
-    squeue_state,
+    queue_state,
     status,
     submit,
-    swiftslurm,
+    wait_for_run_end,
     wait_until,
 )
 
@@ -60,18 +61,6 @@ def final_adapter(run_dir: Path) -> bytes:
 def plugin_acted(run_dir: Path) -> dict:
     wait_until(lambda: (run_dir / MARKER).is_file(), 300, "the plugin to act after the last commit")
     return json.loads((run_dir / MARKER).read_text())
-
-
-def wait_for_run_end(run_dir: Path, job: str, timeout_s: float = 300) -> str:
-    """The job's final state once the run has said it ended (status.json) and the job has left the queue."""
-
-    def ended() -> bool:
-        said = (status(run_dir) if (run_dir / "status.json").is_file() else {}).get("state")
-        return said in {"finished", "failed", "cancelled"} and squeue_state(job) == ""
-
-    wait_until(ended, timeout_s, f"run {run_dir} (job {job}) to end")
-    wait_until(lambda: job_state(job) in TERMINAL, 60, f"sacct to show job {job} ended")
-    return job_state(job)
 
 
 def recorded(run_dir: Path) -> list[str]:
@@ -111,12 +100,12 @@ def test_killed_right_after_its_last_commit_is_not_trained_again(tmp_path: Path,
     job = submit(run_dir, *SHORT, *with_plugin("last_step_kill"))
     try:
         acted = plugin_acted(run_dir)
-        wait_until(lambda: job_state(job) in TERMINAL and squeue_state(job) == "", 120, f"job {job} to die")
+        wait_until(lambda: job_state(job) in TERMINAL and queue_state(job) is None, 120, f"job {job} to die")
         # The whole step died, wrapper first: nobody recorded anything about this attempt.
         assert acted["attempt"] not in recorded(run_dir) and status(run_dir)["state"] == "running", status(run_dir)
         # What SLURM does after a node failure (JobRequeue=1): the same job runs again.
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
-        state = wait_for_run_end(run_dir, job)
+        state = wait_for_run_end(run_dir, job, timeout_s=300)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     assert (acted["action"], acted["step"], state) == ("kill", LAST_STEP, "COMPLETED"), (acted, state)
@@ -139,7 +128,7 @@ def test_preempted_right_after_its_last_commit_finishes_without_requeue(
     job = submit(run_dir, *SHORT, *with_plugin("last_step_usr2"), "cluster.signal_lead_s=10")
     try:
         acted = plugin_acted(run_dir)
-        state = wait_for_run_end(run_dir, job)
+        state = wait_for_run_end(run_dir, job, timeout_s=300)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     assert (acted["action"], acted["step"], state) == ("usr2", LAST_STEP, "COMPLETED"), (acted, state)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import swiftslurm
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import attempts
 
 pytestmark = pytest.mark.slow
-
-
-def attempts(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
 
 
 def test_default_command_trains_and_reports_loss_and_checkpoint(tmp_path: Path) -> None:

@@ -6,17 +6,16 @@ once, one point preempted and requeued alone, `wait=true` re-running the sweep t
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from swiftslurm.rundir.sweepdir import read_points
-from tests.integration.conftest import attempts, current_step, squeue_state, submit, wait_for_job, wait_until
+from swiftslurm.testing.cli import command, swiftslurm
+from swiftslurm.testing.cluster import attempts, current_step, queue_state, submit, wait_for_job, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SWEEP = (
@@ -28,17 +27,6 @@ SWEEP = (
     "swift.save_steps=10",
 )
 FINISHED_LINE = r"^\d\d:\d\d:\d\d  \S+: (?:\S+ → )?finished$"  # wait=true's line when a point has finished
-
-
-def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "swiftslurm", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 GATE_PLUGIN = Path(__file__).resolve().parent / "gate_plugin.py"
@@ -53,18 +41,18 @@ def held_at_the_gate(run_dir: Path) -> bool:
 
 
 def status_json(path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    done = cli("status", str(path), "--json", cwd=path.parent, env=env)
+    done = swiftslurm("status", str(path), "--json", cwd=path.parent, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(tmp_path: Path, slurm_cluster: None):
-    done = cli(*SWEEP, cwd=tmp_path, timeout=120)
+    done = swiftslurm(*SWEEP, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     jobs = re.findall(r"submitted job (\d+)", done.stdout)
     assert len(jobs) == 4, done.stdout
     # It returned while the jobs are still queued or running: the login node is not held.
-    assert any(squeue_state(job) in ("PENDING", "RUNNING") for job in jobs)
+    assert any(queue_state(job) in ("PENDING", "RUNNING") for job in jobs)
     [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
     runs = [Path(p["run_dir"]) for p in read_points(sweep_dir)]
     assert len(runs) == 4 and len(set(runs)) == 4
@@ -74,11 +62,11 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     wait_until(lambda: current_step(victim) >= 5, 600, "the first point to train")
     subprocess.run(["scancel", "--signal=USR2", victim_job], check=True)
     follow = subprocess.Popen(  # `logs -f` across the requeue: it names the next attempt and ends with the state
-        [sys.executable, "-m", "swiftslurm", "logs", "-f", str(victim)], stdout=subprocess.PIPE, text=True
+        command("logs", "-f", str(victim)), stdout=subprocess.PIPE, text=True
     )
 
     # The same sweep again, waiting: nothing is resubmitted; it waits for every point and prints the table.
-    again = cli(*SWEEP, "wait=true", cwd=tmp_path, timeout=900)
+    again = swiftslurm(*SWEEP, "wait=true", cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert "submitted job" not in again.stdout
     assert "4 run(s): 4 finished" in again.stdout
@@ -96,7 +84,7 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
     assert all(r["attempts"] == 1 for r in report["runs"][1:])  # only the preempted point was requeued
     assert all(wait_for_job(job) == "COMPLETED" for job in jobs)
 
-    plotted = cli("status", str(sweep_dir), "--plot", cwd=tmp_path)
+    plotted = swiftslurm("status", str(sweep_dir), "--plot", cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr
     assert (sweep_dir / "final_loss.png").read_bytes().startswith(b"\x89PNG")
     assert all((run / "loss.png").is_file() for run in runs)
@@ -105,7 +93,7 @@ def test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes(t
 def test_an_array_sweep_is_one_sbatch_and_trains_every_point_to_the_end(tmp_path: Path, slurm_cluster: None):
     """The sweeper's array path end to end (issue 15, item 4): one array, each task an ordinary run."""
     args = ("-m", "+cluster=local-slurm", "seed=1,2", "swift.max_steps=4", "swift.save_steps=4", "array_parallelism=2")
-    done = cli(*args, "wait=true", cwd=tmp_path, timeout=900)
+    done = swiftslurm(*args, "wait=true", cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     [array] = re.findall(r"submitted 2 point\(s\) as job array\(s\) \['(\d+)'\]", done.stdout)
     assert "2 run(s): 2 finished" in done.stdout
@@ -125,7 +113,7 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     held = f"+cluster.env.{GATE_STEP_ENV}={HELD_STEP}"
     job = submit(run_dir, "swift.max_steps=400", "swift.save_steps=50", *gate, held)
     wait_until(lambda: current_step(run_dir) >= 10, 300, "training to start")
-    cancelled = cli("cancel", str(run_dir), cwd=tmp_path)
+    cancelled = swiftslurm("cancel", str(run_dir), cwd=tmp_path)
     assert cancelled.returncode == 0 and f"cancelled job {job}; saved at step" in cancelled.stdout, cancelled.stderr
     assert wait_for_job(job) in ("CANCELLED", "FAILED")  # `cancel`'s scancel, or the wrapper's own stop first
     [record] = attempts(run_dir)  # not requeued
@@ -136,18 +124,18 @@ def test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm(tmp_
     # SLURM unreachable (no controller configuration): an ended run is answered from its run directory alone
     # (status asks SLURM only about runs that have not ended).
     offline_env = {"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
-    offline = cli("status", str(run_dir), cwd=tmp_path, env=offline_env)
+    offline = swiftslurm("status", str(run_dir), cwd=tmp_path, env=offline_env)
     assert offline.returncode == 0 and "cancelled" in offline.stdout, offline.stdout + offline.stderr
 
     # A cancelled run is not requeued by anything, but `resume` brings it back from its checkpoint.
-    resumed = cli("resume", str(run_dir), cwd=tmp_path)
+    resumed = swiftslurm("resume", str(run_dir), cwd=tmp_path)
     assert resumed.returncode == 0 and "resubmitted as job" in resumed.stdout, resumed.stderr
     new_job = re.search(r"resubmitted as job (\d+)", resumed.stdout)
     assert new_job is not None
     wait_until(lambda: held_at_the_gate(run_dir) or len(attempts(run_dir)) == 2, 300, f"resumed, held at {HELD_STEP}")
     assert len(attempts(run_dir)) == 1, attempts(run_dir)
     # A run that has not ended needs SLURM's word: without it, the run directory still answers, and says so.
-    offline = cli("status", str(run_dir), cwd=tmp_path, env=offline_env)
+    offline = swiftslurm("status", str(run_dir), cwd=tmp_path, env=offline_env)
     assert offline.returncode == 0 and "SLURM unavailable" in offline.stdout, offline.stdout + offline.stderr
     report = status_json(run_dir, env=offline_env)
     assert report["slurm"]["available"] is False and report["runs"][0]["state"] != "cancelled", report
@@ -164,7 +152,7 @@ def test_cancel_of_a_sweep_stops_its_points_together_and_resume_records_the_new_
     while another trained on to 168), each why read "...; preempted after N training steps", and after
     `resume SWEEP_DIR` sweep.jsonl still named the old jobs."""
     args = ("-m", "+cluster=local-slurm", "cluster.nodes=1", "seed=1,2", "swift.max_steps=400", "swift.save_steps=50")
-    done = cli(*args, cwd=tmp_path, timeout=120)
+    done = swiftslurm(*args, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     jobs = re.findall(r"submitted job (\d+)", done.stdout)
     assert len(jobs) == 2, done.stdout
@@ -173,7 +161,7 @@ def test_cancel_of_a_sweep_stops_its_points_together_and_resume_records_the_new_
     for run in runs:
         wait_until(lambda r=run: current_step(r) >= 5, 600, f"{run.name} to train")
 
-    cancelled = cli("cancel", str(sweep_dir), cwd=tmp_path)
+    cancelled = swiftslurm("cancel", str(sweep_dir), cwd=tmp_path)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.count("cancelled job") == 2, cancelled.stdout
     assert all(wait_for_job(job) in ("CANCELLED", "FAILED") for job in jobs)
@@ -183,7 +171,7 @@ def test_cancel_of_a_sweep_stops_its_points_together_and_resume_records_the_new_
     signalled = [t for r in ended for name, t in r["signals"] if name == "SIGUSR2"]
     assert len(signalled) == 2 and max(signalled) < min(r["end"] for r in ended), ended
 
-    resumed = cli("resume", str(sweep_dir), cwd=tmp_path)
+    resumed = swiftslurm("resume", str(sweep_dir), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     new_jobs = re.findall(r"resubmitted as job (\d+)", resumed.stdout)
     try:

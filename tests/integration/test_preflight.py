@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import attempts, status, swiftslurm
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import attempts, status
+from swiftslurm.testing.nodes import slurmd_pid
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-STATE = Path(os.environ.get("SWIFTSLURM_SLURM_STATE", "/tmp/swiftslurm-slurm"))
 BLOCKED_BASE = 20000  # a master port base no other test uses: only this test's jobs get ports it blocks
 TIMEOUT = "preflight_timeout_s=20"
 
@@ -72,15 +73,12 @@ def master_ports_blocked(first: int, last: int) -> Iterator[None]:
             subprocess.run(["nsenter", f"--net={ns}", "ip", "rule", "del", *rule[3:]], check=True)
 
 
-def slurmd_pid(node: str) -> int:
-    return int((STATE / "pids" / f"slurmd-{node}.pid").read_text().split()[0])
-
-
 @contextlib.contextmanager
 def hidden_from(node: str, path: Path) -> Iterator[None]:
     """An empty tmpfs over `path` in `node`'s mount namespace only: that node sees its own empty directory, as
     with a run dir on a disk that node does not share."""
     pid = slurmd_pid(node)
+    assert pid is not None, f"slurmd of {node} is not running"
     if os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
         pytest.skip(
             f"slurmd of {node} shares the host's mount namespace (a cluster started before slurm-local.sh gave "

@@ -4,14 +4,12 @@ SLURM cluster; nothing runs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from swiftslurm.rundir.sweepdir import read_points
+from swiftslurm.testing.cli import swiftslurm
 
 pytestmark = [pytest.mark.slurm]
 
@@ -27,14 +25,7 @@ def test_a_sweep_whose_sbatch_fails_exits_2_naming_the_points_not_submitted(
         "swift.learning_rate=1e-4,2e-4",
         "cluster.sbatch.reservation=swiftslurm-no-such-reservation",  # sbatch: "Requested reservation is invalid"
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "swiftslurm", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "SWIFTSLURM_RUNS": str(tmp_path / "runs")},
-    )
+    done = swiftslurm(*args, cwd=tmp_path, timeout=300, env={"SWIFTSLURM_RUNS": str(tmp_path / "runs")})
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     error = [line for line in done.stderr.splitlines() if line.startswith("swiftslurm: error: ")]
     assert len(error) == 1, done.stderr

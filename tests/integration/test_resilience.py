@@ -9,15 +9,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from swiftslurm.ckpt.checkpoint import is_committed
-from tests.integration.conftest import (
-    ADAPTER,
-    LONG,
+from swiftslurm.testing.cli import command
+from swiftslurm.testing.cluster import (
     attempts,
     current_step,
     job_state,
@@ -27,6 +25,7 @@ from tests.integration.conftest import (
     wait_for_job,
     wait_until,
 )
+from tests.integration.conftest import ADAPTER, LONG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEP_FLOOR_PLUGIN = Path(__file__).resolve().parent / "step_floor_plugin.py"
@@ -37,7 +36,7 @@ def test_signal_mid_training_commits_requeues_and_ends_identical(tmp_path: Path,
     run_dir = tmp_path / "run"
     # The user waits on the run: the command must follow it across the requeue and exit 0 at the end.
     waiter = subprocess.Popen(
-        [sys.executable, "-m", "swiftslurm", "+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *LONG],
+        command("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *LONG),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
-from swiftslurm.rundir.jsonio import read_jsonl
-from swiftslurm.rundir.layout import ATTEMPTS
 from swiftslurm.rundir.records import read_status
-from tests.integration.test_faults import (
+from swiftslurm.testing.cluster import (
+    attempts,
     cancel_if_active,
     describe,
     job_instances,
@@ -51,6 +50,7 @@ def test_a_rank_killed_with_every_node_alive_restarts_in_the_same_job_and_finish
     job = submit(run_dir, f"swift.max_steps={MAX_STEPS}", f"swift.save_steps={SAVE_STEPS}")
     try:
         first = next_attempt(run_dir, [])
+        assert first is not None, f"the run ended before its first attempt started: {read_status(run_dir)}"
         assert wait_for_training(run_dir, first), "the first attempt ended before training"
         wait_until(lambda: committed_step(run_dir) >= SAVE_STEPS, 300, "a first commit")
         wait_until(lambda: len(training_workers(run_dir)) == 2, 60, "both training workers")
@@ -59,14 +59,15 @@ def test_a_rank_killed_with_every_node_alive_restarts_in_the_same_job_and_finish
         killed_at = time.time()
         print(f"{first}: kill -9 rank {rank} (PID {pid}) after step {logged_step(run_dir, first)}")
         second = next_attempt(run_dir, [first])
-        wait_until(lambda: bool(read_jsonl(run_dir / ATTEMPTS)), 60, "the killed attempt's record")
-        resume_step = read_jsonl(run_dir / ATTEMPTS)[0]["committed_step"]
+        assert second is not None, f"no attempt after the kill: {read_status(run_dir)}"
+        wait_until(lambda: bool(attempts(run_dir)), 60, "the killed attempt's record")
+        resume_step = attempts(run_dir)[0]["committed_step"]
         first_step_after(run_dir, second, resume_step)
         print(f"kill -9 -> first resumed step ({second}): {time.time() - killed_at:.1f} s")
         state = wait_for_run_end(run_dir, job)
     finally:
         cancel_if_active(job)
-    records = read_jsonl(run_dir / ATTEMPTS)
+    records = attempts(run_dir)
     for record in records:
         print(describe(record))
     assert state == "COMPLETED", (state, read_status(run_dir))
@@ -89,7 +90,7 @@ def test_restarts_that_never_advance_the_committed_step_stop_the_run(tmp_path: P
         state = wait_for_run_end(run_dir, job)
     finally:
         cancel_if_active(job)
-    records = read_jsonl(run_dir / ATTEMPTS)
+    records = attempts(run_dir)
     for record in records:
         print(describe(record))
     assert [r["decision"] for r in records] == ["restart", "stop"], records

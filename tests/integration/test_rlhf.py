@@ -15,14 +15,8 @@ import pytest
 
 from swiftslurm import tiny
 from swiftslurm.ckpt.checkpoint import is_committed
-from tests.integration.conftest import (
-    attempts,
-    preempt_at_steps,
-    status,
-    submit,
-    swiftslurm,
-    wait_for_job,
-)
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import attempts, preempt_at_steps, status, submit, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -29,23 +29,21 @@ import pytest
 
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.ops.runs import gather
-from swiftslurm.rundir.jsonio import read_jsonl
-from swiftslurm.rundir.layout import ATTEMPTS
 from swiftslurm.rundir.records import read_status
-from tests.integration.test_faults import (
+from swiftslurm.testing.cluster import (
     FAST_RETRIES,
     attempt_ids,
+    attempts,
     cancel_if_active,
-    cluster_state_dir,
     exec_line,
     job_hosts,
-    lose_node,
     node_log,
-    restore_node,
+    run_over,
     submit,
     wait_for_run_end,
     wait_until,
 )
+from swiftslurm.testing.nodes import cluster_state_dir, lose_node, restore_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -107,14 +105,15 @@ def run_uninterrupted(tmp_path: Path, strategy: str) -> dict[int, float]:
 def lose_a_node_for_good(run_dir: Path, job: str) -> tuple[str, str]:
     """Once the first attempt has committed a checkpoint, lose its last node (never node 0, whose wrapper
     decides); return (the lost node, the attempt it ran)."""
-    first = wait_until(lambda: next(iter(attempt_ids(run_dir)), None), 600, "the first attempt")
+    over = run_over(run_dir, job)
+    first = wait_until(lambda: next(iter(attempt_ids(run_dir)), None), 600, "the first attempt", over=over)
 
     # Committed (its manifest written), not only begun: a node lost mid-save leaves nothing to resume from.
     def committed() -> bool:
         newest, _ = newest_committed(run_dir / "output")
         return newest is not None and checkpoint_step(newest) >= SAVE_STEPS
 
-    wait_until(committed, 900, "a first committed checkpoint")
+    wait_until(committed, 900, "a first committed checkpoint", over=over)
     hosts = job_hosts(job)
     assert len(hosts) == 3, hosts
     lose_node(hosts[2])
@@ -136,7 +135,7 @@ def test_a_lost_node_resumes_on_two_with_the_same_global_batch(
         cancel_if_active(job)
         if lost is not None:
             restore_node(lost, cluster_state_dir())
-    records = read_jsonl(run_dir / ATTEMPTS)
+    records = attempts(run_dir)
     for record in records:
         print({k: record.get(k) for k in ("attempt", "hosts", "nodes", "next_nodes", "reason", "decision", "why")})
     assert state == "COMPLETED" and (read_status(run_dir) or {}).get("state") == "finished", records

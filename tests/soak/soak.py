@@ -1,10 +1,10 @@
-"""Soak benchmark (issue 18): many kills and stop signals at random moments, and the promise checked after each
+"""Soak test (issue 18): many kills and stop signals at random moments, and the promise checked after each
 run: every attempt resumed from the newest committed checkpoint, nothing was committed past the planned last
 step, every committed checkpoint passes its deep check, and the final weights are byte-identical to an
 uninterrupted run of the same plan. Not part of CI (it runs for a long time); on the local SLURM cluster:
 
     bash scripts/slurm-local.sh up
-    PYTHONPATH=$PWD .venv/bin/python bench/soak.py --seeds 20261201-20261210 --trials 10 [--steps 100]
+    PYTHONPATH=$PWD .venv/bin/python -m tests.soak.soak --seeds 20261201-20261210 --trials 10 [--steps 100]
 
 Each seed is one 2-node run of `--steps` steps (tiny Qwen3, LoRA, `save_steps=10`). Before each of its attempts
 trains, the seed's random generator picks what happens to it:
@@ -27,48 +27,37 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from swiftslurm.ckpt.checkpoint import (  # noqa: E402
-    MANIFEST,
-    checkpoint_dirs,
-    checkpoint_step,
-    newest_checkpoint,
-    problems,
-)
-from swiftslurm.rundir.layout import QUARANTINE  # noqa: E402
-from swiftslurm.rundir.records import read_attempts, read_status  # noqa: E402
-from tests.integration.test_faults import (  # noqa: E402
-    RUN_ENDED,
-    ResumeSeen,
+from swiftslurm.ckpt.checkpoint import MANIFEST, checkpoint_dirs, checkpoint_step, newest_checkpoint, problems
+from swiftslurm.rundir.layout import QUARANTINE
+from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.testing.checkpoints import ResumeSeen, inspect_resume_point, saving_checkpoint
+from swiftslurm.testing.cluster import (
     alive,
-    attempt_ids,
     cancel_if_active,
-    exec_line,
-    inspect_resume_point,
     kill_9,
     logged_step,
-    saving_checkpoint,
+    next_attempt,
+    preempt,
+    run_over,
     submit,
     wait_for_run_end,
+    wait_gone,
     wait_until,
     workers_of,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 ACTIONS = ("kill", "kill-save", "signal")
 WEIGHTS = (0.45, 0.25, 0.30)
 FILE = "adapter_model.safetensors"  # the weights compared with the uninterrupted run's
 SAVE_POLL_S = 0.02
-ENDED = "ended"  # not an attempt id (those start with the job id)
 
 
 @dataclass
@@ -118,21 +107,6 @@ def uninterrupted(root: Path, steps: int) -> bytes:
     return (final / FILE).read_bytes()
 
 
-def next_attempt_or_end(run_dir: Path, known: list[str]) -> str | None:
-    """The next attempt once both its nodes started ms-swift, or None once the run has ended (today's kill
-    test waited 600 s here for an attempt that never comes)."""
-
-    def moved_on() -> str | None:
-        new = [a for a in attempt_ids(run_dir) if a not in known]
-        started = next((a for a in new if all(exec_line(run_dir, a, node) for node in (0, 1))), None)
-        if started is None and (read_status(run_dir) or {}).get("state") in RUN_ENDED:
-            return ENDED
-        return started
-
-    found = wait_until(moved_on, 900, f"{run_dir}: its next attempt, or its end")
-    return None if found == ENDED else found
-
-
 def act(trial: Trial, run_dir: Path, job: str, pids: list[int], steps: int, rng: random.Random) -> None:
     """Do the trial's action to the attempt's training processes (or its job) at its moment."""
     output = run_dir / "output"
@@ -145,9 +119,9 @@ def act(trial: Trial, run_dir: Path, job: str, pids: list[int], steps: int, rng:
         trial.at_step = logged_step(run_dir, trial.attempt)
         if trial.action == "kill-save":
             kill_9(pids)
-            wait_until(lambda: not any(alive(p) for p in pids), 30, f"{pids} to die", poll_s=0.1)
+            wait_gone(pids)
         else:
-            subprocess.run(["scancel", "--signal=USR2", job], check=True)
+            preempt(job)
         trial.mid_save = None if (folder / MANIFEST).exists() else folder.name
         return
     target = min(trial.resume_step + rng.randint(3, 30), steps - 5)
@@ -165,7 +139,7 @@ def act(trial: Trial, run_dir: Path, job: str, pids: list[int], steps: int, rng:
     if trial.action == "kill":
         kill_9(pids if rng.random() < 0.5 else [rng.choice(pids)])
     else:
-        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        preempt(job)
 
 
 def _wait_for_save(output: Path, above: int, pids: list[int]) -> Path | None:
@@ -189,8 +163,9 @@ def soak_one(seed: int, root: Path, steps: int, trials: int, reference: bytes) -
     started = time.monotonic()
     result = SeedResult(seed, submit(run_dir, *plan_overrides(steps)))
     seen: list[ResumeSeen] = []
+    over = run_over(run_dir, result.job)
     try:
-        while (attempt := next_attempt_or_end(run_dir, [s.attempt for s in seen])) is not None:
+        while (attempt := next_attempt(run_dir, [s.attempt for s in seen], over=over)) is not None:
             seen.append(inspect_resume_point(run_dir, attempt))
             if len(result.trials) >= trials:
                 continue  # trials used up: let the run finish

