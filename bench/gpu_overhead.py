@@ -6,7 +6,7 @@
 Per strategy and pair, two runs on the same GPUs, one after the other, in alternating order (ABBA):
 
 - **swiftslurm**: `python -m swiftslurm.node RUN_DIR` with srun's environment (1 node × all GPUs; see
-  tests/gpu/gpu_common.py), which starts `swift sft` with swiftslurm's callbacks (stop, commit) and
+  swiftslurm/testing/gpu.py), which starts `swift sft` with swiftslurm's callbacks (stop, commit) and
   plugin, watches it, and commits every checkpoint (checksums, manifest).
 - **direct**: the `swift sft` command a user would type for the same plan, i.e. the same arguments without
   swiftslurm's callbacks and plugin, with the same environment the wrapper gives its trainer (srun's, the
@@ -38,7 +38,7 @@ from swiftslurm.engines.registry import engine_for
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.slurm_env import SlurmEnv, rank_env
-from tests.gpu.gpu_common import (
+from swiftslurm.testing.gpu import (
     VERSIONED,
     FakeJob,
     GpuMemorySampler,

@@ -4,7 +4,7 @@
     python -m tests.gpu.gpu_matrix --assets DIR --out OUT [--cases ddp,zero3,...] [--concurrency 9]
 
 Each case is planned with `python -m swiftslurm ... dry_run=true run_dir=DIR` and run as an emulated SLURM
-job (tests/gpu/gpu_common.py): one `python -m swiftslurm.node DIR` per node with srun's environment, a
+job (swiftslurm/testing/gpu.py): one `python -m swiftslurm.node DIR` per node with srun's environment, a
 1-node × 2-GPU job or a 2-node × 1-GPU job (one GPU per "node", NCCL over sockets). Once node 0 has
 logged step `--preempt-at`, every task gets USR2 (SLURM's `--signal`); the wrapper saves, commits and
 requeues the job through `scontrol` (tests/gpu/fake_slurm), the job's tasks are ended as SLURM ends them, and
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.ckpt.checkpoint import newest_checkpoint
-from tests.gpu.gpu_common import (
+from swiftslurm.testing.gpu import (
     FakeJob,
     committed_steps,
     final_summary,

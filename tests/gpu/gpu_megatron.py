@@ -31,7 +31,7 @@ from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
 from swiftslurm.slurm_env import SlurmEnv, rank_env
-from tests.gpu.gpu_common import (
+from swiftslurm.testing.gpu import (
     REPO,
     FakeJob,
     committed_steps,

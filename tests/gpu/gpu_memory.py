@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.engines.registry import engine_for
-from tests.gpu.gpu_common import REPO, package_versions, plain_swift_argv, plan_run, python, read_jsonl
+from swiftslurm.testing.gpu import REPO, package_versions, plain_swift_argv, plan_run, python, read_jsonl
 
 CASES = {
     "ddp": ("strategy=ddp", "strategy.tuner_type=full"),

@@ -1,4 +1,4 @@
-"""The pure parts of the GPU runs (tests/gpu/gpu_common.py): srun's environment, the plain `swift sft` command,
+"""The pure parts of the GPU runs (swiftslurm/testing/gpu.py): srun's environment, the plain `swift sft` command,
 throughput from ms-swift's log; and the GPU-sized assets preset of swiftslurm.tiny."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from swiftslurm.engines.stop_vote import vote_cost_line
 from swiftslurm.node.watch import wrapper_cost_line
 from swiftslurm.render import swift_command
 from swiftslurm.slurm_env import SlurmEnv, check_allocation, rank_env
+from swiftslurm.testing import gpu as gpu_common
 from tests.conftest import plan_for
-from tests.gpu import gpu_common
 
 MODEL = ("model=qwen3-0.5b-random", "model.id=/assets/model", "dataset=[/assets/data/train.jsonl]")
 

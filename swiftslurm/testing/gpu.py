@@ -31,7 +31,7 @@ from typing import Any
 from swiftslurm.engines.base import Engine
 from swiftslurm.signals import descendants
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: swiftslurm/testing/gpu.py
 FAKE_SLURM_BIN = Path(__file__).resolve().parent / "fake_slurm"
 KILL_WAIT_S = 2.0  # SLURM's KillWait between the TERM and the KILL of a requeued job's tasks
 
