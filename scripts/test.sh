@@ -43,4 +43,4 @@ bash scripts/slurm-local.sh up
 # Stop the cluster again only if this script started it.
 trap '[[ $started_cluster == 1 ]] && bash scripts/slurm-local.sh down' EXIT
 # The SLURM tests must run here, not skip: fail if the cluster is unreachable.
-SWIFTSLURM_REQUIRE_SLURM=1 tier cluster "$CLUSTER_BUDGET_S" tests/integration "$@"
+SWIFTSLURM_REQUIRE_SLURM=1 tier cluster "$CLUSTER_BUDGET_S" tests/cluster "$@"

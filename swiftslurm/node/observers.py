@@ -4,7 +4,7 @@
 SWIFTSLURM_PHASE_OBSERVERS names Python files, separated by `os.pathsep` (`:`). The wrapper imports each once
 per process, when its first attempt starts, and calls the file's `on_phase(event)` each time an attempt enters a
 phase (attempt.py's Phase), before the phase runs; ``event`` is a PhaseEntered. An observer runs in the wrapper's
-main thread, so what it does delays the attempt (it may hold there: tests/integration/hold_plugin.py holds until
+main thread, so what it does delays the attempt (it may hold there: tests/cluster/hold_plugin.py holds until
 a stop signal comes), and an exception it raises ends the wrapper like one of the wrapper's own. Unset (the
 default), nothing is imported.
 """

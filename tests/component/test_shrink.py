@@ -1,6 +1,6 @@
 """Resume on fewer nodes (`resilience.min_nodes`, opt-in): the node count a requeue asks for (pure), the ranks
 and gradient accumulation of an attempt on fewer nodes, the plan-time refusals, and the leader's requeue with
-SLURM faked at its one seam (slurm_cli.run). The run on the real cluster is tests/integration/test_shrink.py."""
+SLURM faked at its one seam (slurm_cli.run). The run on the real cluster is tests/cluster/test_shrink.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ the trainer runs. A signal before the resume point is published starts no traine
 signalled (the leader concludes and requeues it), the nodes waiting for the resume point and a restore stop
 promptly, a signal during the upload drain cuts it short, and a signal is acted on once.
 
-Signals here are real (sent to this process); the trainer is replaced (tests/integration/test_signals.py runs
+Signals here are real (sent to this process); the trainer is replaced (tests/cluster/test_signals.py runs
 the real one on the SLURM cluster)."""
 
 from __future__ import annotations

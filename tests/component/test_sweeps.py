@@ -1,6 +1,6 @@
 """`-m` sweeps (issue 15, item 4): each point composed once, every point planned before anything is written,
 points recorded append-only, the same configs and run dirs as Hydra's own multirun gave. Dry runs: nothing is
-submitted (the submission and its failures are in tests/integration/test_refused_submission.py)."""
+submitted (the submission and its failures are in tests/cluster/test_refused_submission.py)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ _EXEC_NAMES = ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execv
 WHERE_TO_MOVE = (
     "Unit tests are hermetic (tests/README.md). Inject the process or the server (a fake runner, a fake "
     "client), or move the test to tests/component/ (real processes, SeaweedFS, DeepSpeed, signals; no SLURM) "
-    "or tests/integration/ (needs SLURM)."
+    "or tests/cluster/ (needs SLURM)."
 )
 
 

@@ -41,7 +41,7 @@ PLACEHOLDERS = {"RUN_DIR": FIXTURE_RUN, "RUN": FIXTURE_RUN, "PATH": FIXTURE_RUN,
 PLACEHOLDERS |= {"runs/sweeps/<date>_<time>": FIXTURE_SWEEP}
 # Module -> why it is not run here, and where it is.
 NOT_RUN = {
-    "swiftslurm.submit.preflight": "submits a checks-only SLURM job (tests/integration/test_preflight.py)",
+    "swiftslurm.submit.preflight": "submits a checks-only SLURM job (tests/cluster/test_preflight.py)",
     "swiftslurm.ops.storage_cli": "needs the object store it names (the CLI: tests/component/test_store.py, SeaweedFS)",
 }
 

@@ -1,7 +1,7 @@
 """swiftslurm.storage.fetch (ranged, parallel, verified downloads) against an in-memory stand-in for the S3 client.
 
 The stand-in serves ranged GETs and breaks bodies on request, which a real server cannot be made to do on cue;
-tests/component/test_store.py and tests/integration/test_storage.py run the same code against SeaweedFS.
+tests/component/test_store.py and tests/cluster/test_storage.py run the same code against SeaweedFS.
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def test_node_0_puts_the_preflight_verdict_into_the_log_logs_shows(
     run_dir = make_run(tmp_path / "run")
     checks = (pc.Check("run dir writable", True, "yes"),)
     passed = pc.assemble("5", [pc.NodeReport(0, "node1", checks), pc.NodeReport(1, "node2", checks)])
-    monkeypatch.setattr(preflight, "run", lambda ctx: passed)  # the checks themselves: tests/integration
+    monkeypatch.setattr(preflight, "run", lambda ctx: passed)  # the checks themselves: tests/cluster
     where = SlurmEnv(job_id="5", hosts=("node1", "node2"), node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     assert attempt._preflight(run_dir, where, "5") is None
     records.write_status(run_dir, "running", attempt="5")

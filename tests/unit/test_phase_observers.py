@@ -83,7 +83,7 @@ def test_an_observer_is_told_every_phase_the_attempt_enters(tmp_path: Path, monk
 
 
 def test_the_signal_an_observer_waits_for_is_the_wrappers(tmp_path: Path) -> None:
-    """What a holding observer (tests/integration/hold_plugin.py) relies on: ``stopped`` turns true when a stop
+    """What a holding observer (tests/cluster/hold_plugin.py) relies on: ``stopped`` turns true when a stop
     signal reaches the wrapper."""
     from swiftslurm.signals import SignalLog
 
@@ -101,8 +101,8 @@ def test_the_signal_an_observer_waits_for_is_the_wrappers(tmp_path: Path) -> Non
 def test_the_cluster_tests_hold_loads_by_its_path_and_holds_only_the_first_leader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """tests/integration/hold_plugin.py as the wrapper loads it: by path, importing nothing of tests/."""
-    from tests.integration.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
+    """tests/cluster/hold_plugin.py as the wrapper loads it: by path, importing nothing of tests/."""
+    from tests.cluster.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
 
     [hold] = observers.load({OBSERVERS_ENV: str(PLUGIN)})
     marker = tmp_path / "held"

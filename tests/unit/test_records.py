@@ -164,7 +164,7 @@ def failed_point(tmp_path: Path, name: str) -> Path:
 
 def test_resume_of_a_sweep_records_the_new_jobs_in_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 17, item 9: after `swiftslurm resume SWEEP_DIR` the sweep's record still named the old jobs. The
-    submission itself is a stand-in here (tests/integration/test_operations.py submits for real)."""
+    submission itself is a stand-in here (tests/cluster/test_operations.py submits for real)."""
     sweep_dir = tmp_path / "sweep"
     for num, name in enumerate(("p0", "p1")):
         record_point(sweep_dir, {"num": num, "run_dir": str(failed_point(tmp_path, name)), "job_id": "999999999"})

@@ -1,6 +1,6 @@
 """A run stopped right after committing its last step ends there (issue 18): it is concluded `finished`, never
 trains past its plan, and ends with the adapter of a run that was never stopped. On the real SLURM cluster
-with real ms-swift; tests/integration/last_step_plugin.py forces the moment (no timing involved).
+with real ms-swift; tests/cluster/last_step_plugin.py forces the moment (no timing involved).
 
 Before the fix, both runs here were requeued and resumed from checkpoint-<last step>, started ms-swift again
 and committed a checkpoint past the plan.

@@ -25,7 +25,7 @@ from swiftslurm.testing.cluster import (
     wait_for_job,
     wait_until,
 )
-from tests.integration.conftest import ADAPTER, LONG
+from tests.cluster.conftest import ADAPTER, LONG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEP_FLOOR_PLUGIN = Path(__file__).resolve().parent / "step_floor_plugin.py"

@@ -24,7 +24,7 @@ from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts, preempt_at_steps, queue_state, status, submit, wait_until
 from swiftslurm.testing.s3 import ACCESS_KEY, SECRET_KEY, FaultProxy, Faults, Sampler, SeaweedServer
-from tests.integration.conftest import ADAPTER, BRIDGE, LONG
+from tests.cluster.conftest import ADAPTER, BRIDGE, LONG
 
 # s3_credentials: exported in the shell that submits, as a user would; SLURM hands the environment to the job.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster", "s3_credentials")]

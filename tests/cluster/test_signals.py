@@ -7,7 +7,7 @@ own handler requeueing behind the wrapper's back (no record: the next attempt ca
 `sbatch job.sbatch`, the signal's default action killing the wrapper (the job fails).
 
 The moment is forced, whatever the machine's speed, by a phase observer of the wrapper
-(tests/integration/hold_plugin.py, named in SWIFTSLURM_PHASE_OBSERVERS): the leader of the first attempt holds at
+(tests/cluster/hold_plugin.py, named in SWIFTSLURM_PHASE_OBSERVERS): the leader of the first attempt holds at
 the start of the phase until a stop signal is recorded, and says so in a file.
 
 After training, the leader waits (bounded) for its uploads: a signal then must cut that wait to what SLURM's
@@ -27,8 +27,8 @@ from swiftslurm.node.observers import OBSERVERS_ENV
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts, job_state, status, submit, wait_for_job, wait_until
 from swiftslurm.testing.s3 import FaultProxy, Faults, SeaweedServer, use_test_credentials
-from tests.integration.conftest import BRIDGE
-from tests.integration.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
+from tests.cluster.conftest import BRIDGE
+from tests.cluster.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 STEPS = ("swift.max_steps=20", "swift.save_steps=10")

@@ -1,4 +1,4 @@
-"""A phase observer of the wrapper (swiftslurm/node/observers.py) for tests/integration/test_signals.py: the
+"""A phase observer of the wrapper (swiftslurm/node/observers.py) for tests/cluster/test_signals.py: the
 leader of a job's first attempt holds on entering the phase HOLD_PHASE names until a stop signal is recorded,
 so that the test sends its signal at exactly that moment, whatever the machine's speed. Once holding, it
 creates the file HOLD_MARKER names: the test waits for that file.

@@ -2,7 +2,7 @@
 ZeRO state into its universal form beside it and resumes from that with the same global batch; the losses
 after the resume are the uninterrupted 2-rank run's (seen identical to 8 digits by hand, ms-swift 4.6,
 transformers 5.19, DeepSpeed 0.18.9). No SLURM: this guards what the shrink path relies on from ms-swift,
-HF Trainer and DeepSpeed; the shrink itself is tests/integration/test_shrink.py. About 5 minutes."""
+HF Trainer and DeepSpeed; the shrink itself is tests/cluster/test_shrink.py. About 5 minutes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ms-swift plugin for tests/integration/test_last_step.py: ends an attempt right after it committed its run's
+"""ms-swift plugin for tests/cluster/test_last_step.py: ends an attempt right after it committed its run's
 last step, the moment issue 18 was about. Global rank 0 acts in `on_train_end`, once the manifest of
 `checkpoint-<max_steps>` exists (the commit runs in a background thread; waiting for its file, not for time,
 is what makes the window certain), and only once per run: in the first attempt that reaches its last step (an
