@@ -4,7 +4,6 @@ attempt_open.json left behind by a concluded attempt."""
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.submit import jobs as submit
 from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
+from tests.unit.test_errors import Writes
 
 JOB = "4343"
 
@@ -103,18 +103,6 @@ def test_a_changed_plan_is_recorded_in_status(tmp_path: Path, monkeypatch: pytes
 
     status = read_status(run_dir)
     assert status is not None and status["state"] == "failed" and "never edit plan.json" in status["why"]
-
-
-class Writes(io.StringIO):
-    """A stream that remembers each write() call, as a pipe's reader would see them arrive."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.calls.append(text)
-        return super().write(text)
 
 
 def test_the_wrappers_refusal_is_one_whole_line_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
