@@ -184,9 +184,11 @@ class JobPlan:
         return json.dumps(asdict(self), indent=2) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> JobPlan:
+    def from_json(cls, text: str, any_version: bool = False) -> JobPlan:
+        """``any_version``: also a plan of another version, read for what it shares with this one (the login
+        side compares its identity before planning the run dir again); never to run it."""
         data = json.loads(text)
-        if data.get("version") != PLAN_VERSION:
+        if data.get("version") != PLAN_VERSION and not any_version:
             raise ConfigError(
                 f"plan.json has version {data.get('version')}, this swiftslurm reads {PLAN_VERSION}. "
                 "HINT: re-plan the run with this swiftslurm version (same run_dir continues it)."
@@ -194,8 +196,8 @@ class JobPlan:
         return _from_dict(cls, data)
 
     @classmethod
-    def load(cls, path: Path) -> JobPlan:
-        return cls.from_json(path.read_text())
+    def load(cls, path: Path, any_version: bool = False) -> JobPlan:
+        return cls.from_json(path.read_text(), any_version)
 
     @classmethod
     def load_checked(cls, run_dir: Path) -> JobPlan:

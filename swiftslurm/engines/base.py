@@ -99,15 +99,20 @@ class Engine:
         """The arguments of ``argv`` that determine what is trained, one [--name, values...] group each (the
         plan's identity): without where the output goes (inside the run dir), how long NCCL waits (the
         cluster's), and this engine's own hooks (their path is wherever swiftslurm is installed)."""
-        ours = {*self.callbacks, str(self.plugin)}
         groups: list[list[str]] = []
         for word in argv:
             if word.startswith("--") or not groups:
                 groups.append([word])
             else:
                 groups[-1].append(word)
-        kept = [[g[0], *(v for v in g[1:] if v not in ours)] for g in groups if g[0] not in _NOT_RESULT_ARGS]
+        kept = [[g[0], *(v for v in g[1:] if not self._is_ours(v))] for g in groups if g[0] not in _NOT_RESULT_ARGS]
         return [g for g in kept if len(g) > 1 or g[0] not in ("--callbacks", "--external_plugins")]
+
+    def _is_ours(self, value: str) -> bool:
+        """One of this engine's hooks: a callback name, or its plugin file wherever swiftslurm is (or was)
+        installed, in this layout or an earlier one."""
+        path = Path(value)
+        return value in self.callbacks or (path.name == self.plugin.name and "swiftslurm" in path.parts)
 
     def refusal(self, args: Mapping[str, Any]) -> str | None:
         """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can)."""

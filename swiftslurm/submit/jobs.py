@@ -31,7 +31,7 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
 def check_same_run(plan: JobPlan, existing: Path) -> None:
     """A run dir continues its own run only: refuse one planned with different training settings."""
     try:
-        old = JobPlan.load(existing)
+        old = JobPlan.load(existing, any_version=True)  # an older swiftslurm's plan is planned again in place
     except (OSError, ValueError, TypeError) as err:  # half-written, edited by hand, or not a file
         raise ConfigError(
             f"run_dir {plan.run_dir} holds a {existing.name} that cannot be read ({type(err).__name__}: "

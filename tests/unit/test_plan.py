@@ -173,3 +173,22 @@ def test_a_plan_json_written_before_the_unknown_stop_and_exclusion_budgets_still
     del data["resilience"]["max_unknown_stops"], data["resilience"]["exclude_host_s"]
     old = JobPlan.from_json(json.dumps(data))
     assert (old.resilience.max_unknown_stops, old.resilience.exclude_host_s) == (5, 21600.0)
+
+
+def test_a_run_dir_planned_by_the_previous_layout_is_planned_again_in_place_with_the_same_identity(
+    tmp_path: Path,
+) -> None:
+    """plan.json version 1 named the plugin under swiftslurm/node/engines/: the node refuses it, and the hint
+    (plan again, the same run_dir continues the run) must hold, checkpoints and all."""
+    from swiftslurm.submit.jobs import check_same_run
+
+    plan = plan_for(f"run_dir={tmp_path / 'run'}")
+    data = json.loads(plan.to_json())
+    data["version"] = 1
+    data["swift_argv"] = [w.replace("swiftslurm/engines/", "swiftslurm/node/engines/") for w in data["swift_argv"]]
+    old = tmp_path / "plan.json"
+    old.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"version 1.*HINT: re-plan the run"):
+        JobPlan.load(old)
+    check_same_run(plan, old)  # planning again in place is not refused
+    assert JobPlan.load(old, any_version=True).identity() == plan.identity()
