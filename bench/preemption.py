@@ -56,6 +56,8 @@ from typing import Any
 from swiftslurm.ckpt.checkpoint import MANIFEST
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.testing.cluster import TERMINAL, attempts, job_state, preempt, wait_for_job, wait_until
+from swiftslurm.testing.cluster import submit as submit_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,8 +65,10 @@ MAX_STEPS = 200
 SIGNAL_AT_STEP = 30
 POLL_S = 0.5  # as the wrapper's ProgressWatch polls (swiftslurm.node.watch.POLL_S)
 JOB_TIMEOUT_S = 900.0
-ENDED_CHECK_S = 2.0  # how often to ask whether a run ended early (sacct is slow)
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+# A repeat that cannot be measured: the harness's failed waits and asserts (AssertionError subclasses), this
+# file's own shape checks (RuntimeError), a SLURM command that failed.
+UNUSABLE = (AssertionError, RuntimeError, subprocess.SubprocessError)
+ENDED_CHECK_S = 2.0  # how often to ask SLURM whether a run ended early (sacct is slow)
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
 _SWIFT_MAIN = re.compile(r"Start time of running main: (\S+ \S+)")
 _SUBMITIT_START = re.compile(r"submitit INFO \((\S+ \S+)\) - Starting with JobEnvironment")
@@ -125,22 +129,6 @@ def sh(argv: list[str]) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
 
 
-def job_state(job_id: str) -> str:
-    out = sh(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"]).split()
-    return out[0] if out else "UNKNOWN"
-
-
-def wait_for_state(job_id: str, timeout_s: float = JOB_TIMEOUT_S) -> str:
-    """Poll sacct until the job is in a terminal state (a requeue is not one)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (state := job_state(job_id)) in TERMINAL:
-            return state
-        time.sleep(2)
-    subprocess.run(["scancel", job_id], check=False)
-    raise RuntimeError(f"job {job_id} still {job_state(job_id)} after {timeout_s:.0f} s (cancelled)")
-
-
 def newest_step(log: Path) -> int:
     try:
         steps = _STEP.findall(log.read_text(errors="replace"))
@@ -149,19 +137,14 @@ def newest_step(log: Path) -> int:
     return int(steps[-1][0]) if steps else 0
 
 
-def wait_for_step(log: Path, step: int, ended: Callable[[], bool], poll_s: float = 0.1) -> float:
-    """Wait until ``log`` shows a training step >= ``step``; return when it was seen. ``ended()`` true means
-    the step will never come (on this shared cluster other jobs preempt or kill ours now and then)."""
-    deadline, checked = time.monotonic() + JOB_TIMEOUT_S, 0.0
-    while time.monotonic() < deadline:
-        if newest_step(log) >= step:
-            return time.time()
-        if time.monotonic() - checked > ENDED_CHECK_S:
-            if ended():
-                raise RuntimeError(f"{log}: the run ended before step {step} (stopped by something else?)")
-            checked = time.monotonic()
-        time.sleep(poll_s)
-    raise RuntimeError(f"{log} showed no step >= {step} within {JOB_TIMEOUT_S:.0f} s")
+def wait_for_step(log: Path, step: int, over: Callable[[], str | None], poll_s: float = 0.1) -> float:
+    """Wait until ``log`` shows a training step >= ``step``; return when it was seen. ``over()`` says why the
+    step will never come (on this shared cluster other jobs preempt or kill ours now and then)."""
+
+    def seen() -> float | None:
+        return time.time() if newest_step(log) >= step else None
+
+    return wait_until(seen, JOB_TIMEOUT_S, f"step {step} in {log}", poll_s=poll_s, over=over)
 
 
 def local_time(text: str, fmt: str | None = None) -> float:
@@ -217,39 +200,51 @@ def requeue_marks(job_id: str) -> tuple[float, float]:
 
 
 def submit(run_dir: Path, *extra: str) -> str:
-    overrides = [f"swift.max_steps={MAX_STEPS}", "swift.save_steps=100", *extra]
-    argv = [sys.executable, "-m", "swiftslurm", "+cluster=local-slurm", f"run_dir={run_dir}", *overrides]
-    done = subprocess.run(argv, cwd=run_dir.parent, capture_output=True, text=True, check=False)
-    match = re.search(r"submitted job (\d+)", done.stdout)
-    if done.returncode != 0 or not match:
-        raise RuntimeError(f"submission failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return match.group(1)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return submit_run(run_dir, f"swift.max_steps={MAX_STEPS}", "swift.save_steps=100", *extra)
 
 
-def ended_early(run_dir: Path, job_id: str) -> bool:
-    """Other jobs may preempt this one first (then a record appears) or kill its node (the job fails)."""
-    return (run_dir / "attempts.jsonl").exists() or job_state(job_id) in TERMINAL
+def ended_early(run_dir: Path, job_id: str) -> Callable[[], str | None]:
+    """Other jobs may preempt this one first (then a record appears) or kill its node (the job fails). SLURM
+    is asked at most every ENDED_CHECK_S (sacct is slow; the step is polled far more often)."""
+    asked_at = -ENDED_CHECK_S
+
+    def why() -> str | None:
+        nonlocal asked_at
+        if (run_dir / "attempts.jsonl").exists():
+            return "the run has an attempt record already (stopped by something else?)"
+        if time.monotonic() - asked_at < ENDED_CHECK_S:
+            return None
+        asked_at = time.monotonic()
+        state = job_state(job_id)
+        return f"job {job_id} is {state}" if state in TERMINAL else None
+
+    return why
+
+
+def completed(job_id: str, run_dir: Path) -> None:
+    state = wait_for_job(job_id, timeout_s=JOB_TIMEOUT_S)
+    if state != "COMPLETED":
+        raise RuntimeError(f"job {job_id} ended {state}, not COMPLETED; see {run_dir}/logs")
 
 
 def preempt_and_finish(run_dir: Path) -> str:
     """Submit, send USR2 once training is under way, wait for the requeued job to complete."""
     job_id = submit(run_dir)
     try:
-        wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP, lambda: ended_early(run_dir, job_id))
-    except RuntimeError:
+        wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP, ended_early(run_dir, job_id))
+    except UNUSABLE:
         subprocess.run(["scancel", job_id], check=False)  # a spoilt repeat must not hold the cluster
         raise
-    sh(["scancel", "--signal=USR2", job_id])
-    state = wait_for_state(job_id)
-    if state != "COMPLETED":
-        raise RuntimeError(f"job {job_id} ended {state}, not COMPLETED; see {run_dir}/logs")
+    preempt(job_id)
+    completed(job_id, run_dir)
     return job_id
 
 
 def two_attempts(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The preempted attempt and the one that resumed; anything else (another test's preemption of
     this job, a failure) makes the repeat unusable."""
-    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    records = attempts(run_dir)
     shape = [(r["reason"], r["decision"]) for r in records]
     if shape != [("preempted", "requeue"), ("finished", "done")]:
         raise RuntimeError(f"expected one preemption then a finished attempt, got {shape}")
@@ -304,23 +299,21 @@ def kill_and_finish(run_dir: Path, extra: tuple[str, ...]) -> tuple[str, float]:
     job id and when the kill was sent."""
     job_id = submit(run_dir, *extra)
     try:
-        wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP, lambda: ended_early(run_dir, job_id))
+        wait_for_step(run_dir / "logs" / job_id / "node0.log", SIGNAL_AT_STEP, ended_early(run_dir, job_id))
         pid = rank_pid(run_dir, 1)
         if pid is None:
             raise RuntimeError("rank 1's training process was not found")
         killed_at = time.time()
         os.kill(pid, 9)
-    except (RuntimeError, OSError):
+    except (*UNUSABLE, OSError):
         subprocess.run(["scancel", job_id], check=False)
         raise
-    state = wait_for_state(job_id)
-    if state != "COMPLETED":
-        raise RuntimeError(f"job {job_id} ended {state}, not COMPLETED; see {run_dir}/logs")
+    completed(job_id, run_dir)
     return job_id, killed_at
 
 
 def kill_phases(run_dir: Path, killed_at: float, decision: str) -> dict[str, float]:
-    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    records = attempts(run_dir)
     shape = [(r["reason"], r["decision"]) for r in records]
     if shape != [("infra", decision), ("finished", "done")]:
         raise RuntimeError(f"expected one {decision} then a finished attempt, got {shape}")
@@ -344,7 +337,7 @@ def kill_repeats(run_root: Path, repeats: int) -> dict[str, list[dict[str, float
             try:
                 job_id, killed_at = kill_and_finish(run_dir, extra)
                 spans = kill_phases(run_dir, killed_at, "requeue" if extra else "restart")
-            except (RuntimeError, subprocess.SubprocessError) as err:
+            except UNUSABLE as err:
                 print(f"kill repeat {index} ({name}): unusable: {err}", flush=True)
                 continue
             shown = " ".join(f"{key}={value:.2f}" for key, value in spans.items())
@@ -419,7 +412,7 @@ def plain_launch(run_dir: Path, checkpoint: str) -> dict[str, float]:
     with open(out_dir / "srun.err", "wb") as srun_err:  # srun's own notes when the job is cancelled
         srun = subprocess.Popen(argv, env={**os.environ, **baseline_env(plan)}, cwd=out_dir, stderr=srun_err)
     try:
-        first_step = wait_for_step(log, 1, lambda: srun.poll() is not None, poll_s=POLL_S)
+        first_step = wait_for_step(log, 1, lambda: "srun ended" if srun.poll() is not None else None, poll_s=POLL_S)
     finally:
         started = _BASELINE_START.search(log.read_text(errors="replace")) if log.is_file() else None
         if started:
@@ -444,7 +437,7 @@ def one_repeat(run_root: Path) -> Repeat:
     _, resumed = two_attempts(run_dir)
     try:
         plain = plain_launch(run_dir, resumed["resumed_from"])
-    except (RuntimeError, subprocess.SubprocessError) as err:  # the preemption figures stand on their own
+    except UNUSABLE as err:  # the preemption figures stand on their own
         print(f"baseline of {run_dir}: unusable: {err}", flush=True)
         plain = None
     return Repeat(spans, plain, stopped_at, job_id)
@@ -509,7 +502,7 @@ def run_repeats(run_root: Path, repeats: int) -> list[Repeat]:
     for index in range(repeats):
         try:
             run = one_repeat(run_root)
-        except (RuntimeError, subprocess.SubprocessError) as err:
+        except UNUSABLE as err:
             print(f"repeat {index}: unusable: {err}", flush=True)
             continue
         print(f"repeat {index}: {describe(run)}", flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: set up .venv, lint, type-check, then the three tiers of
-# tests/README.md, cheapest first, each within its time budget; the local SLURM cluster is started (if it is
-# not up already) for the cluster tier only. Extra arguments go to every tier's pytest (e.g. -x, -k storage).
+# tests/README.md, cheapest first, each within its time budget; the local SLURM cluster (started in the
+# background if it is not up already) serves the cluster tier only. Extra arguments go to every tier's pytest (e.g. -x, -k storage).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,11 +14,42 @@ UNIT_BUDGET_S=300
 COMPONENT_BUDGET_S=600
 CLUSTER_BUDGET_S=3300
 
+# Three nodes: 2-node jobs, plus a spare for the test that loses a node. The cluster starts in the background
+# while setup and the cheaper tiers run (on a fresh machine its apt install takes minutes); `up` is a no-op
+# when the cluster already runs with this configuration. It is stopped again only if this script started it.
+export SWIFTSLURM_SLURM_NODES=3
+started_cluster=0
+if ! bash scripts/slurm-local.sh status >/dev/null 2>&1; then
+  started_cluster=1
+fi
+logs=$(mktemp -d)
+cleanup() {
+  [[ -n ${cluster_pid:-} ]] && kill "$cluster_pid" 2>/dev/null && wait "$cluster_pid" 2>/dev/null
+  [[ $started_cluster == 1 ]] && bash scripts/slurm-local.sh down
+  rm -rf "$logs"
+}
+trap cleanup EXIT
+bash scripts/slurm-local.sh up >"$logs/cluster" 2>&1 &
+cluster_pid=$!
+
+# background_ok PID LOG NAME: wait for a background step, print what it said, fail if it failed.
+background_ok() {
+  local status=0
+  wait "$1" || status=$?
+  cat "$2"
+  if [[ $status != 0 ]]; then
+    echo "$3 failed (exit $status)" >&2
+    exit "$status"
+  fi
+}
+
 bash scripts/setup.sh
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
+# mypy (half a minute on a cold cache) runs beside the unit tier: each takes one of CI's two cores.
+.venv/bin/mypy >"$logs/mypy" 2>&1 &
+mypy_pid=$!
 
 # tier NAME BUDGET_S PATH [pytest args]: the budget is checked when the tier ends; a tier still running at
 # twice its budget (a hang) is interrupted, and pytest still prints what ran.
@@ -31,17 +62,10 @@ tier() {
 }
 
 tier unit "$UNIT_BUDGET_S" tests/unit "$@"
+background_ok "$mypy_pid" "$logs/mypy" mypy
 tier component "$COMPONENT_BUDGET_S" tests/component "$@"
 
-# Three nodes: 2-node jobs, plus a spare for the test that loses a node. `up` is a no-op when the
-# cluster already runs with this configuration.
-export SWIFTSLURM_SLURM_NODES=3
-started_cluster=0
-if ! bash scripts/slurm-local.sh status >/dev/null 2>&1; then
-  started_cluster=1
-fi
-bash scripts/slurm-local.sh up
-# Stop the cluster again only if this script started it.
-trap '[[ $started_cluster == 1 ]] && bash scripts/slurm-local.sh down' EXIT
+background_ok "$cluster_pid" "$logs/cluster" "starting the SLURM cluster (scripts/slurm-local.sh up)"
+cluster_pid=
 # The SLURM tests must run here, not skip: fail if the cluster is unreachable.
 SWIFTSLURM_REQUIRE_SLURM=1 tier cluster "$CLUSTER_BUDGET_S" tests/cluster "$@"

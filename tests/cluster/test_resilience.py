@@ -92,14 +92,15 @@ def test_real_preemption_by_a_higher_priority_job(tmp_path: Path, slurm_cluster:
 
 def test_run_longer_than_its_time_limit_finishes_over_several_attempts(tmp_path: Path, slurm_cluster: None) -> None:
     run_dir = tmp_path / "run"
-    # SLURM may send the --signal up to 60 s earlier than asked: a 3 min limit with a 30 s lead leaves every
-    # attempt at most 150 s of training. 1000 steps of at least 0.25 s each (the step_floor plugin, whatever
-    # the machine's speed) take at least 250 s: no single attempt can finish them.
-    steps, floor_s = 1000, STEP_FLOOR_S
-    assert steps * floor_s > 180
+    # No attempt outlives the 3 min limit (SLURM kills it there, signal or not). 760 steps of at least 0.25 s
+    # each (the step_floor plugin, whatever the machine's speed) take at least 190 s: no single attempt can
+    # finish them, and the second attempt has at most what the first could not do (the signal, 30-90 s before
+    # the end, stops the first after 90-150 s).
+    steps, floor_s, limit_s = 760, STEP_FLOOR_S, 180
+    assert steps * floor_s > limit_s
     plugin = (f"swift.external_plugins=[{STEP_FLOOR_PLUGIN}]", "swift.callbacks=[step_floor]")
-    limits = ("cluster.time=3", "cluster.signal_lead_s=30")
-    job = submit(run_dir, *limits, f"swift.max_steps={steps}", "swift.save_steps=250", *plugin)
+    limits = (f"cluster.time={limit_s // 60}", "cluster.signal_lead_s=30")
+    job = submit(run_dir, *limits, f"swift.max_steps={steps}", f"swift.save_steps={steps // 4}", *plugin)
     assert wait_for_job(job, timeout_s=900) == "COMPLETED"
     reasons = [a["reason"] for a in attempts(run_dir)]
     assert reasons[0] == "timed_out" and reasons[-1] == "finished", reasons
