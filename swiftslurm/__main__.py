@@ -24,7 +24,7 @@ from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
 from swiftslurm.planning import memory_plan
 from swiftslurm.planning.config import open_dict_overrides, register_configs
-from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning
+from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
 from swiftslurm.sweep.callback import discard_unplanned_sweeps, raise_unfinished_sweep
 
 __all__ = ["main", "to_config"]
@@ -43,9 +43,8 @@ def run(cfg: DictConfig) -> int:
     skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
     if skip is None:  # a run that is not submitted again keeps its run dir as it is
         submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), sbatch)
-    for warning in (save_budget_warning(config, plan), memory_plan.narrow_fit_warning(config)):
-        if warning is not None:
-            print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
+    for warning in plan_warnings(config, plan):
+        print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
     if cfg.dry_run:
         notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan))
         print(dry_run_text(plan, run_dir, skip, tuple(n for n in notes if n)))  # shrink: only a run that may

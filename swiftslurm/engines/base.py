@@ -115,8 +115,15 @@ class Engine:
         return value in self.callbacks or (path.name == self.plugin.name and "swiftslurm" in path.parts)
 
     def refusal(self, args: Mapping[str, Any]) -> str | None:
-        """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can)."""
+        """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can): a resumed
+        run would not continue where it stopped, a commit could hash files still being written, or the
+        engine would crash at start-up, after the queue wait."""
         return None
+
+    def resume_warnings(self, swift_argv: tuple[str, ...]) -> list[str]:
+        """What a resume of these arguments does that the user may mean but should be told, one line each
+        (`warning: ... HINT: ...`; the dry run and the submission print them)."""
+        return []
 
     def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
         """Why a checkpoint of these arguments cannot be resumed at a smaller world size, so the run may not
@@ -181,6 +188,12 @@ def argv_value(argv: tuple[str, ...], name: str) -> str | None:
         if token == flag:
             found = argv[i + 1]
     return found
+
+
+def is_true(value: Any) -> bool:
+    """An ms-swift boolean given as true: a bool from the configuration, or a word ms-swift's parser reads as
+    true (transformers' string_to_bool) in the configuration or an argument list."""
+    return str(value).lower() in ("true", "yes", "t", "y", "1")
 
 
 def as_list(value: Any) -> list[Any]:

@@ -9,12 +9,35 @@ from typing import Any
 
 from swiftslurm.ckpt.checkpoint import universal_companion
 from swiftslurm.engines import zero_reshard
-from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value
+from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, is_true
 from swiftslurm.engines.progress import finished_steps
 from swiftslurm.errors import NodeError
 
 # The ms-swift plugin that makes DeepSpeed ZeRO train on CPU ranks (gloo).
 DEEPSPEED_CPU_PATCH = ENGINES_DIR.parent / "data" / "deepspeed_cpu_patch.py"
+# The attention implementations ms-swift 4.6 packs or trains padding-free with (SftArguments._check_padding_free).
+FLASH_ATTN_IMPLS = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+# Settings with which a resumed run would not continue where it stopped, or a commit could hash files still
+# being written (ms-swift 4.6 with transformers 5): why, and what to do instead.
+_BREAKS_RESUME = {
+    "save_only_model": (
+        "checkpoints would hold the weights only, so a resume would restart the optimizer, learning-rate "
+        "schedule and random state (the Trainer skips the missing files without a word) and a DeepSpeed resume "
+        "fails",
+        "leave save_only_model out (keep_checkpoints=N bounds the disk the checkpoints take)",
+    ),
+    "use_flash_ckpt": (
+        "DLRover's flash checkpoint writes the files to disk in the background after the save returns, so "
+        "swiftslurm could commit a checkpoint still being written",
+        "leave use_flash_ckpt out",
+    ),
+    "resume_only_model": (
+        "every requeued attempt resumes from the newest checkpoint, and would load the weights only: the "
+        "optimizer, learning-rate schedule and random state would start over",
+        "leave resume_only_model out; to start from another run's weights set model.id=/abs/path/checkpoint-N "
+        "(full) or swift.adapters=[/abs/path/checkpoint-N] (LoRA)",
+    ),
+}
 
 
 class HfTrainerEngine(Engine):
@@ -49,6 +72,41 @@ class HfTrainerEngine(Engine):
         # MPI (mpi_discovery): on a SLURM node with mpi4py and an Open MPI built without PMI, MPI_Init aborts
         # the process (seen on an H200 node with ZeRO-3 on one GPU). torchrun with one process sets them.
         return "--deepspeed" in swift_argv
+
+    def refusal(self, args: Mapping[str, Any]) -> str | None:
+        for name, (why, fix) in _BREAKS_RESUME.items():
+            if is_true(args.get(name)):
+                return f"swift.{name}=true: {why}. HINT: {fix}."
+        if is_true(args.get("streaming")) and not _positive(args.get("max_steps")):
+            return (
+                "swift.streaming=true needs swift.max_steps: a stream has no length, so the Trainer cannot count "
+                "the steps of an epoch (it stops at start-up, after the queue wait). HINT: add swift.max_steps=N."
+            )
+        for name in ("packing", "padding_free"):
+            if is_true(args.get(name)) and args.get("attn_impl") not in FLASH_ATTN_IMPLS:
+                return (
+                    f"swift.{name}=true needs flash attention (ms-swift stops at start-up otherwise, after the queue "
+                    f"wait). HINT: add swift.attn_impl=flash_attn (or {', '.join(FLASH_ATTN_IMPLS[1:])})."
+                )
+        return None
+
+    def resume_warnings(self, swift_argv: tuple[str, ...]) -> list[str]:
+        # The Trainer fast-forwards the data to the checkpoint's step unless told not to; a stream (ms-swift's
+        # DataLoaderDispatcher) is fast-forwarded by reading and encoding every batch before it, on rank 0.
+        if is_true(argv_value(swift_argv, "ignore_data_skip")):
+            return [
+                "warning: swift.ignore_data_skip=true: every resumed attempt starts the data of its epoch again from "
+                "the beginning, so it trains again on the batches before its checkpoint. HINT: leave "
+                "ignore_data_skip out unless that is what you want."
+            ]
+        if is_true(argv_value(swift_argv, "streaming")):
+            return [
+                "warning: swift.streaming=true: a resumed attempt reads and encodes the stream again up to its "
+                "checkpoint before its first step, which late in a long run may take longer than "
+                "resilience.startup_timeout_s (the attempt then counts as hung). HINT: raise "
+                "resilience.startup_timeout_s, or train on a dataset on disk without streaming."
+            ]
+        return []
 
     def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
         # FSDP2 saves a torch distributed checkpoint, which reshards on load. A DeepSpeed ZeRO-1/2 checkpoint
@@ -91,3 +149,11 @@ class HfTrainerEngine(Engine):
         # committed checkpoint of the last step.
         steps = finished_steps(output_dir)
         return (steps is not None and steps[0] >= steps[1]) or super().reached_last_step(output_dir)
+
+
+def _positive(value: Any) -> bool:
+    """A step count above zero (a value that is not a number is refused later, by its type)."""
+    try:
+        return int(value) > 0
+    except (TypeError, ValueError):
+        return value is not None

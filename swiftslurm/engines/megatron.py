@@ -15,11 +15,47 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, as_list
+from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, as_list, is_true
 from swiftslurm.rundir.layout import METRICS
 
 if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism
+
+
+# Settings with which a resumed run would not continue where it stopped, or a commit could hash files still
+# being written (Megatron-SWIFT 4.6): why, and what to do instead.
+_BREAKS_RESUME = {
+    "async_save": (
+        "Megatron writes the checkpoint after its save hook returns, so swiftslurm could commit a checkpoint "
+        "still being written",
+        "leave async_save out; a big checkpoint needs save time instead (cluster.signal_lead_s; "
+        "docs/resilience.md, 'Save budget')",
+    ),
+    "no_save_optim": (
+        "a resumed run would not continue where it stopped (its optimizer state is not saved)",
+        "leave no_save_optim out",
+    ),
+    "no_save_rng": (
+        "a resumed run would not continue where it stopped (its random state is not saved)",
+        "leave no_save_rng out",
+    ),
+    "no_load_optim": (
+        "a resumed run would not continue where it stopped (its optimizer state is not loaded)",
+        "leave no_load_optim out",
+    ),
+    "no_load_rng": (
+        "a resumed run would not continue where it stopped (its random state is not loaded)",
+        "leave no_load_rng out",
+    ),
+    # The streaming loader is built without the consumed samples (trainers/utils.py, build_streaming_dataloader);
+    # a dataset on disk is sampled from them (MegatronPretrainingRandomSampler).
+    "streaming": (
+        "Megatron-SWIFT 4.6 does not skip the consumed samples of a stream, so every resumed attempt would train "
+        "again on the stream's first batches",
+        "leave streaming out (a dataset on disk resumes at its consumed samples, packed or not), or stream with "
+        "the Hugging Face engine (task=sft with strategy=zero3, fsdp2, ...), whose resume skips them",
+    ),
+}
 
 
 class MegatronEngine(Engine):
@@ -61,17 +97,9 @@ class MegatronEngine(Engine):
                 "swiftslurm does not combine vLLM rollouts with Megatron (untested: which processes catch the stop "
                 "signal). HINT: use task=grpo with strategy=zero3 (or zero2/fsdp2), or task=megatron_sft."
             )
-        if _true(args.get("async_save")):
-            return (
-                "swift.async_save=true: Megatron writes the checkpoint after its save hook returns, so "
-                "swiftslurm could commit a checkpoint still being written. HINT: leave async_save out."
-            )
-        for name in ("no_save_optim", "no_save_rng"):
-            if _true(args.get(name)):
-                return (
-                    f"swift.{name}=true: a resumed run would not continue where it stopped (its "
-                    f"{'optimizer state' if 'optim' in name else 'random state'} is not saved). HINT: leave {name} out."
-                )
+        for name, (why, fix) in _BREAKS_RESUME.items():
+            if is_true(args.get(name)):
+                return f"swift.{name}=true: {why}. HINT: {fix}."
         if "none" in [str(v) for v in as_list(args.get("report_to"))]:
             # ms-swift 4.6 turns each report_to entry into a callback name: 'none' is a KeyError at start-up.
             return (
@@ -109,7 +137,3 @@ def pauses_after(iteration: int, args: Any, saving: bool) -> tuple[bool, bool]:
 
 def _every(iteration: int, interval: int | None) -> bool:
     return bool(interval) and iteration % int(interval or 1) == 0
-
-
-def _true(value: Any) -> bool:
-    return str(value).lower() in ("true", "1")

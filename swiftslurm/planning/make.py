@@ -14,7 +14,7 @@ from typing import Any
 
 from swiftslurm import tiny
 from swiftslurm.engines.base import as_list
-from swiftslurm.engines.registry import engine_for_strategy
+from swiftslurm.engines.registry import engine_for, engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import (
     PORT_SPAN,
@@ -139,6 +139,13 @@ def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
         f"to save and commit, more than cluster.signal_lead_s={lead}: the job may end before it is committed. "
         f"HINT: {fix}."
     )
+
+
+def plan_warnings(cfg: Config, plan: JobPlan) -> list[str]:
+    """What the user should know about a plan that is not refused, one line each (`warning: ... HINT: ...`):
+    the save budget, a narrow memory fit, and what the engine's resume does with these arguments."""
+    warnings = [save_budget_warning(cfg, plan), memory_plan.narrow_fit_warning(cfg)]
+    return [w for w in warnings if w is not None] + engine_for(plan.launcher).resume_warnings(plan.swift_argv)
 
 
 def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:

@@ -57,11 +57,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Spellings that are valid elsewhere, so the hint points at the right name even when the
-# strings are not similar enough for difflib: ms-swift 3's `train_type`, and the
+# strings are not similar enough for difflib: ms-swift 3's `train_type`, the `max_packed_length`
+# that field guides write for `packing_length`, and the
 # HF-trainer names that `megatron sft|pt` spell the Megatron way. A hint is only given
 # when its target is valid for the command at hand.
 RENAMED: dict[str, str] = {
     "train_type": "tuner_type",
+    "max_packed_length": "packing_length",
     "max_steps": "train_iters",
     "learning_rate": "lr",
     "per_device_train_batch_size": "micro_batch_size",

@@ -36,7 +36,7 @@ from swiftslurm.cli.mistakes import to_config
 from swiftslurm.errors import ConfigError, RunFailed, SubmitError, SwiftSlurmError
 from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
 from swiftslurm.plan import JobPlan
-from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning
+from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
 from swiftslurm.rundir.jsonio import sync_filesystems
 from swiftslurm.rundir.layout import SUBMITIT
 from swiftslurm.rundir.sweepdir import record_points
@@ -77,7 +77,7 @@ class Planned:
     sbatch: str | None
     dry_run: bool
     array_parallelism: int
-    warning: str | None  # the plan's save-budget warning, printed by the sweep's own process
+    warnings: tuple[str, ...]  # the plan's warnings (make.plan_warnings), printed by the sweep's own process
     run_dir_given: bool  # the user chose the run dir (run_dir=): only another run_dir makes a new run
 
     def record(self, action: str, job_id: str | None = None) -> dict[str, Any]:
@@ -207,11 +207,11 @@ def plan_point(sweep: Sweep, point: Point) -> Planned:
         sbatch = submit.check_run_dir(plan)
     except SwiftSlurmError as err:
         raise type(err)(f"sweep point #{point.num} ({' '.join(point.varies)}): {err}") from err
-    warning = save_budget_warning(config, plan)
+    warnings = tuple(plan_warnings(config, plan))
     touched = {str(o.key_or_group).split(".")[0] for o in point.values}
     config_yaml = point_yaml(cfg, point.base, touched)
     given = config.run_dir is not None
-    return Planned(point, plan, config_yaml, sbatch, config.dry_run, config.array_parallelism, warning, given)
+    return Planned(point, plan, config_yaml, sbatch, config.dry_run, config.array_parallelism, warnings, given)
 
 
 def plan_points(points: list[Point]) -> list[Planned]:
@@ -250,8 +250,8 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
         planned = workers.map(plan_points, sweep.points)
         check_distinct_run_dirs(planned)
         for item in planned:
-            if item.warning is not None:
-                print(f"swiftslurm: {item.plan.run_name}: {item.warning}", file=sys.stderr, flush=True)
+            for warning in item.warnings:
+                print(f"swiftslurm: {item.plan.run_name}: {warning}", file=sys.stderr, flush=True)
         sweep_dir = Path(master.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(master, sweep_dir / HYDRA_RECORD)  # as Hydra's BasicSweeper does, once all are planned

@@ -4,7 +4,7 @@ The corpus is data: tests/data/bad_inputs.yaml. Every refused case runs the real
 (Hydra composes conf/, swiftslurm plans, writes the run dir unless it refuses) and must exit 2 with at most
 12 lines of output, no traceback, a message naming the field and the fix, and nothing written. A few run as
 real subprocesses to prove the exit status and the streams as a shell sees them. Accepted cases must plan, and
-their values reach the run dir exactly as given (quoted where a shell reads them).
+their values reach the run dir exactly as given (quoted where a shell reads them); some must also print a warning.
 """
 
 from __future__ import annotations
@@ -121,6 +121,8 @@ def test_legitimate_values_are_accepted_and_reach_the_run_dir_intact(
     plan = JobPlan.load(run_dir / "plan.json")
     for text in case["quoted"]:
         assert text in written or text in plan.swift_argv or text in dict(plan.env).values(), f"{text!r} not written"
+    missing = [word for word in case.get("warns", ()) if word not in output]
+    assert not missing, f"the output does not warn of {missing}:\n{output}"
     # What the dry run prints for the user to copy into a shell gives back exactly the argv the nodes run.
     command = swift_command(plan)
     assert shlex.split(display_command(command).replace("\\\n", " ")) == command
