@@ -28,7 +28,7 @@ from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan, StorageSpec
 from swiftslurm.rundir.jsonio import append_jsonl
 from swiftslurm.rundir.layout import ATTEMPTS, QUARANTINE, UPLOAD_HISTORY, output_dir, resume_file
-from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.rundir.records import AttemptRecord, amend_attempt, append_attempt, read_attempts, read_status
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.storage import store as store_mod
 from swiftslurm.storage.store import CheckpointStore
@@ -381,3 +381,14 @@ def test_a_requeued_job_whose_back_off_cannot_be_set_still_ends_as_requeued(
 
     assert fake.asked("scontrol", "requeue", JOB) == 1
     assert fake.asked("scontrol", "update", f"JobId={JOB}", "StartTime=now+30") == 3
+
+
+def test_an_amendment_corrects_the_newest_row_of_its_attempt_only(tmp_path: Path) -> None:
+    """`local-<pid>` ids may come back in a later rerun: the older row keeps its facts."""
+    for decision in ("stop", "requeue"):
+        append_attempt(tmp_path, AttemptRecord("local-7", reason="infra", decision=decision))
+    amend_attempt(tmp_path, "local-7", decision="stop", requeue_error="no answer")
+    amend_attempt(tmp_path, "never-recorded", decision="stop")
+    older, newer = read_attempts(tmp_path)
+    assert (older.decision, older.requeue_error) == ("stop", None)
+    assert (newer.decision, newer.requeue_error, newer.reason) == ("stop", "no answer", "infra")
