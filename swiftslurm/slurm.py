@@ -37,11 +37,14 @@ TRANSIENT = (
     "communication connection failure",
     "slurm backup controller in standby mode",
     "did not answer within",
+    "try again later",  # "Job can not be altered now, try again later": the job is between states
 )
 # What SLURM says when its controller does not know the job (ended and purged after MinJobAge, or never there).
 JOB_GONE = "invalid job id"
 # scancel's word for a job that has already ended: nothing left to cancel.
 ALREADY_ENDED = "already"
+# What `scontrol requeue` says of a job that is pending again (not "Job is no longer pending execution").
+ALREADY_PENDING = "job is pending execution"
 
 
 @dataclass(frozen=True)
@@ -282,12 +285,14 @@ def _job_run(row: list[str]) -> dict[str, Any]:
 
 
 def requeue(job_id: str) -> None:
-    """Put the job back in the queue under the same id. One already pending again counts as requeued: SLURM
-    requeued it itself (a node failure), or an earlier try was accepted though its answer was lost."""
+    """Put the job back in the queue under the same id, asked again like any command (RETRY) while the controller
+    does not answer: a mass preemption keeps slurmctld busy. A requeue is idempotent: a try that timed out here
+    may have been carried out by the controller, and the next one then finds the job pending again, which counts
+    as requeued (as does SLURM requeueing it itself, after a node failure). Raises SlurmError when it failed."""
     try:
         run(["scontrol", "requeue", job_id])
     except SlurmError as err:
-        if "pending" not in err.said.lower():
+        if ALREADY_PENDING not in err.said.lower():
             raise
 
 

@@ -184,6 +184,7 @@ class ResumePoint:
     quarantined: tuple[Path, ...] = ()
     rejected: tuple[str, ...] = ()  # committed checkpoints whose files no longer match
     complete: bool = False  # the checkpoint is the run's planned last step: nothing is left to train
+    restore_error: str | None = None  # the object store could not be read: this is the newest local checkpoint
 
 
 def newest_committed(output_dir: Path) -> tuple[Path | None, list[str]]:

@@ -8,11 +8,14 @@
     | SIGNALLED      (every node then writes its result); SIGNALLED when a stop signal came before the
                      resume point was published: no trainer starts, the leader tells the nodes still
                      waiting and concludes (preempted, timed out: requeue)
+    | UNRESTORED     the object store could not be read and the local checkpoints are behind it: no trainer
+                     starts; the leader concludes (infra: requeue with back-off)
     CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json; publish the outcome
     | AWAIT_OUTCOME  the others: wait for it (outcome.py); restart: the next attempt, else DONE
     FINISH_UPLOADS   leader with object storage: wait (bounded) for this attempt's uploads
-    ACT              done or stop: return; requeue: the same SLURM job, or (no SLURM) retry here;
-                     restart: the next attempt inside this allocation, on every node (AGREE_ON_RESUME)
+    ACT              done or stop: return; requeue: the same SLURM job (a failed requeue is recorded: stop),
+                     or (no SLURM) retry here; restart: the next attempt inside this allocation, on every
+                     node (AGREE_ON_RESUME)
     DONE
 
 The leader records the phase it enters in status.json ("phase"); a leader without the lease records nothing.
@@ -36,12 +39,19 @@ from functools import cached_property
 from pathlib import Path
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
-from swiftslurm.errors import NodeError
+from swiftslurm.errors import NodeError, SlurmError
 from swiftslurm.node import decide, observers, outcome
-from swiftslurm.node.conclude import close_lost_attempt, conclude, job_times, record_refusal, stop_after_preflight
+from swiftslurm.node.conclude import (
+    close_lost_attempt,
+    conclude,
+    job_times,
+    record_refusal,
+    record_requeue_failure,
+    stop_after_preflight,
+)
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
-from swiftslurm.node.resume import Interrupted, agree_on_resume, publish_failure, publish_signalled
+from swiftslurm.node.resume import Interrupted, Unrestored, agree_on_resume, publish_failure, publish_signalled
 from swiftslurm.node.watch import Observed, node_log_path, nothing_to_train, train
 from swiftslurm.plan import JobPlan
 from swiftslurm.preflight import checks as preflight_checks
@@ -62,6 +72,7 @@ class Phase(enum.Enum):
     TRAIN = "train"
     SKIP = "skip"
     SIGNALLED = "signalled"
+    UNRESTORED = "unrestored"
     CONCLUDE = "conclude"
     AWAIT_OUTCOME = "await_outcome"
     FINISH_UPLOADS = "finish_uploads"
@@ -211,6 +222,10 @@ def _agree_on_resume(a: Attempt) -> Phase:
     except Interrupted as why:
         print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)
         return Phase.SIGNALLED
+    except Unrestored as why:
+        print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: {why}; no trainer starts", flush=True)
+        a.resume = replace(_standing_resume_point(a.plan.output_dir), restore_error=str(why))
+        return Phase.UNRESTORED
     # With storage, local retention is NodeSync's (it knows what is uploaded), not the trainer's; a leader
     # that lost the run dir's lease neither uploads retention nor prunes (NodeSync asks `leads`).
     storage = a.plan.storage if a.leader else None
@@ -246,6 +261,14 @@ def _signalled(a: Attempt) -> Phase:
         publish_signalled(resume_file(a.run_dir, a.id), a.nonce)
     a.resume = _standing_resume_point(a.plan.output_dir)
     a.observed = nothing_to_train(a.signals.received, a.started)
+    return _trained(a, a.resume, a.observed)
+
+
+def _unrestored(a: Attempt) -> Phase:
+    """The store could not be restored from (resume.Unrestored): nobody trains; the leader concludes it as an
+    infrastructure failure (a signal that came meanwhile counts first, as in SIGNALLED)."""
+    assert a.resume is not None and a.resume.restore_error is not None
+    a.observed = replace(nothing_to_train(a.signals.received, a.started), unrestored=a.resume.restore_error)
     return _trained(a, a.resume, a.observed)
 
 
@@ -311,7 +334,10 @@ def _act(a: Attempt) -> Phase:
     if a.decision.action is not decide.Action.REQUEUE:
         return Phase.DONE
     if a.where.in_slurm:
-        requeue(a.where, a.plan, a.decision)
+        try:
+            requeue(a.where, a.plan, a.decision)
+        except SlurmError as err:  # SLURM did not take the job back after its retries: the run stops, recorded
+            return _stopped(a, record_requeue_failure(a.run_dir, a.where, a.id, a.decision, err))
     time.sleep(a.decision.delay_s)  # no SLURM to requeue with: the next attempt starts here
     assert a.observed is not None
     a.signals.forget(len(a.observed.signals))  # acted on; one that came since is the next attempt's
@@ -393,6 +419,7 @@ PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
     Phase.TRAIN: _train,
     Phase.SKIP: _skip,
     Phase.SIGNALLED: _signalled,
+    Phase.UNRESTORED: _unrestored,
     Phase.CONCLUDE: _conclude,
     Phase.AWAIT_OUTCOME: _await_outcome,
     Phase.FINISH_UPLOADS: _finish_uploads,

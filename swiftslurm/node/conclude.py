@@ -1,7 +1,7 @@
 """The leader's account of an attempt: how it ended (classified from the facts), the run's history with it,
 the decision (decide.py, pure), and the records: attempts.jsonl and status.json. Also the attempts that
 never train: one that was lost without a record, one whose preflight failed, and one the wrapper refused
-(the allocation or the run dir does not match the plan)."""
+(the allocation or the run dir does not match the plan); and a requeue that SLURM did not carry out."""
 
 from __future__ import annotations
 
@@ -69,7 +69,9 @@ def conclude(
     committed, _ = newest_committed(plan.output_dir)
     committed_step = checkpoint_step(committed) if committed else 0
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
-    allocation = _allocation(attempt_dir(run_dir, attempt), hosts, reason, blamed, restarts)
+    # Never restarted in place after an outage of the store: a requeue's back-off gives it time to come back.
+    here = attempt_dir(run_dir, attempt)
+    allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts)
     decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan), allocation)
     shape = AttemptShape.of(where, plan)
     if shape.may_shrink:
@@ -174,6 +176,26 @@ def stop_after_preflight(run_dir: Path, where: SlurmEnv, attempt: str, failure: 
     return why
 
 
+def record_requeue_failure(
+    run_dir: Path, where: SlurmEnv, attempt: str, decision: decide.Decision, err: SlurmError
+) -> str:
+    """`scontrol requeue` failed for good after the attempt was recorded as requeued: its row is amended
+    (decision `stop`, `requeue_error`) and status.json says `failed`, with the reason kept. Nothing brings the
+    job back now, so the run stops here until a person resubmits it. Returns why."""
+    tries = "1 try" if err.tries == 1 else f"{err.tries} tries"
+    said = err.said or str(err)
+    why = (
+        f"{decision.why}; but SLURM did not requeue job {where.job_id} after {tries}: {said}; "
+        f"the run stops here. HINT: once `scontrol ping` answers, {decide.RESUBMIT}"
+    )
+    stop = decide.Action.STOP.value
+    records.amend_attempt(run_dir, attempt, decision=stop, why=why, requeue_error=decide.one_line(said))
+    facts = {k: v for k, v in (records.read_status(run_dir) or {}).items() if k not in ("state", "updated")}
+    records.write_status(run_dir, "failed", **{**facts, "why": why, "requeue_error": decide.one_line(said)})
+    print(f"[swiftslurm] attempt {attempt}: {why}", flush=True)
+    return why
+
+
 def record_refusal(
     run_dir: Path, where: SlurmEnv, attempt: str, why: str, alive: Callable[[str], bool] | None = None
 ) -> bool:
@@ -229,6 +251,7 @@ def _facts(
         log_tail=tail(node_log_path(run_dir, attempt, where)),
         elapsed_s=time.time() - observed.started,
         failed_host=failed,
+        unrestored=observed.unrestored,
     )
 
 
@@ -370,6 +393,7 @@ def _record(
         resume_step=resume.step,
         quarantined=tuple(str(p) for p in resume.quarantined),
         rejected=tuple(resume.rejected),
+        restore_error=resume.restore_error,
         committed_step=committed_step,
         progressed=(committed_step or 0) > resume.step,
         failed_host=failed,

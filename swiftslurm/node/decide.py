@@ -66,6 +66,7 @@ class AttemptFacts:
     log_tail: str  # the last ~200 lines of this node's training log
     elapsed_s: float
     failed_host: str | None  # a host with positive evidence of failing (see `blame`), if any
+    unrestored: str | None = None  # why no trainer started: the object store could not be read (node/resume.py)
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -206,6 +207,8 @@ def classify(facts: AttemptFacts, user_error_window_s: float = 300) -> tuple[Rea
         return Reason.FINISHED, f"training reached its last step ({facts.steps_done} steps this attempt)"
     if facts.signal_reason is not None:  # saving and exiting after the signal is normal, whatever the exit code
         return facts.signal_reason, f"{facts.signal_reason.value.replace('_', ' ')} {steps}"
+    if facts.unrestored is not None:  # an outage, not the input: retried with back-off like any infra failure
+        return infra(facts, f"no trainer started: {facts.unrestored}")
     if facts.hung:
         return infra(facts, f"no training step logged within the progress watchdog's limit ({steps})")
     killed = killing_signal(facts.exit_code, facts.log_tail)

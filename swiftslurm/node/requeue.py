@@ -1,5 +1,7 @@
 """Put this SLURM job back in the queue (same job id) for the next attempt, with the decision's exclusions
-and back-off, and end this attempt's process at once (Requeued)."""
+and back-off, and end this attempt's process at once (Requeued). The requeue is asked again while slurmctld
+does not answer (slurm.requeue); when it still fails, SlurmError reaches the caller, which records it. Once
+the job is requeued, a failure to set its back-off or exclusions is only logged: the job comes back regardless."""
 
 from __future__ import annotations
 
@@ -29,14 +31,16 @@ class Requeued(SystemExit):
 
 def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoReturn:
     """Requeue this job (same id); exclusions and back-off are set on it once it is pending again; then
-    raise Requeued."""
+    raise Requeued. Raises SlurmError when SLURM did not requeue it."""
     # `scontrol requeue` TERMs this very step; the update that follows must still get through.
     ignore_from_now_on((signal.SIGTERM,))
     job = str(where.job_id)
     slurm_cli.requeue(job)
-    updates = _updates(plan, decision)
-    if updates:
-        slurm_cli.update_job(job, updates)
+    if updates := _updates(plan, decision):
+        try:
+            slurm_cli.update_job(job, updates)
+        except SwiftSlurmError as err:  # requeued all the same: it may start sooner, or on an excluded host
+            print(f"[swiftslurm] job {job} is requeued, but without {', '.join(updates)}: {err}", flush=True)
     if decision.nodes is not None:
         _set_node_count(job, decision.nodes, _cpus_per_task(plan))
     if not _excluded(plan, decision):  # clear exclusions that expired (ExcNodeList stays on a requeued job)

@@ -2,19 +2,25 @@
 logs/<attempt>/resume.json; the other nodes wait for that file as long as the leader's heartbeat says it
 is alive (swiftslurm.node.heartbeat), however long its restore takes, and take only one with their own job
 run's nonce (rundir/lease.py): an earlier job with the same id may have left one there. A stop signal before
-the choice is published ends the attempt on every node before any trainer starts (Interrupted)."""
+the choice is published ends the attempt on every node before any trainer starts (Interrupted).
+
+When the object store cannot be read (down past botocore's retries, expired credentials), the leader resumes
+from the newest local checkpoint if it is at least as new as the newest step this run dir uploaded, and says
+so in the attempt's record (ResumePoint.restore_error); otherwise no trainer starts on any node (Unrestored)
+and the attempt is concluded as an infrastructure failure, retried with back-off."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.ckpt.checkpoint import ResumePoint, prepare_resume
+from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed, prepare_resume
 from swiftslurm.engines.registry import engine_for
-from swiftslurm.errors import NodeError, SwiftSlurmError
+from swiftslurm.errors import NodeError, StorageError, SwiftSlurmError
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
 from swiftslurm.node.watch import POLL_S
 from swiftslurm.plan import JobPlan
@@ -22,11 +28,16 @@ from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME, node_log
 from swiftslurm.rundir.lease import Lease
 from swiftslurm.storage.store import CheckpointStore
-from swiftslurm.storage.sync import restore
+from swiftslurm.storage.sync import last_synced_step, restore
 
 
 class Interrupted(Exception):
     """A stop signal came before the resume point was published: this attempt starts no trainer."""
+
+
+class Unrestored(Exception):
+    """The object store could not be read, and the local checkpoints are older than what was uploaded to it:
+    this attempt starts no trainer (``str()``: why, for the record)."""
 
 
 def agree_on_resume(
@@ -57,6 +68,12 @@ def publish_signalled(resume_file: Path, nonce: str | None = None) -> None:
     write_json_atomic(resume_file, {"checkpoint": None, "step": 0, "signalled": True, "nonce": nonce})
 
 
+def publish_unrestored(resume_file: Path, why: str, nonce: str | None = None) -> None:
+    """Tell the nodes waiting for the resume point that the store could not be restored from: nobody trains."""
+    resume_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(resume_file, {"checkpoint": None, "step": 0, "unrestored": why, "nonce": nonce})
+
+
 def publish_failure(resume_file: Path, why: str, nonce: str | None = None) -> None:
     """Tell the nodes waiting for the resume point that there is none: they stop waiting and fail."""
     resume_file.parent.mkdir(parents=True, exist_ok=True)
@@ -74,13 +91,11 @@ def _choose(
     ranks: int | None = None,
 ) -> ResumePoint:
     identity = plan.identity()
+    restore_error = None
     try:
         if plan.storage is not None:
             _fence(lease, "restore from object storage")
-            beat.doing(f"looking for a newer checkpoint in {plan.storage.url}")
-            store = CheckpointStore(plan.storage)
-            restoring = lambda: restore(plan.storage, plan.output_dir, beat, identity, store)  # noqa: E731
-            _cancelled_when_stopped(restoring, store, stopped)
+            restore_error = _restore(plan, beat, identity, stopped)
         if stopped():  # the last moment to end the attempt before the other nodes start their trainers
             raise Interrupted("a stop signal came before the resume point was published")
         beat.doing("choosing the resume point")
@@ -88,13 +103,39 @@ def _choose(
         point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True, identity=identity)
         if ranks is not None and point.checkpoint is not None and not point.complete:
             _reshard(plan, point.checkpoint, ranks, beat, lease, stopped)
-    except SwiftSlurmError as err:  # the store cannot be read, another plan's checkpoint, the lease lost
+    except Unrestored as why:
+        publish_unrestored(path, str(why), nonce)
+        raise
+    except SwiftSlurmError as err:  # another plan's checkpoint, the lease lost
         publish_failure(path, str(err), nonce)
         raise
     attempt_dir.mkdir(parents=True, exist_ok=True)
     chosen = {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step}
     write_json_atomic(path, {**chosen, "complete": point.complete, "nonce": nonce})
-    return point
+    return replace(point, restore_error=restore_error)
+
+
+def _restore(plan: JobPlan, beat: LeaderBeat, identity: str, stopped: Callable[[], bool]) -> str | None:
+    """Restore from the store what it has newer than the local checkpoints; None when that went well. When the
+    store cannot be read: why (the resume point is then the newest local checkpoint), or Unrestored when that
+    is older than the newest step this run dir uploaded (training from it would lose the steps in between)."""
+    assert plan.storage is not None
+    beat.doing(f"looking for a newer checkpoint in {plan.storage.url}")
+    store = CheckpointStore(plan.storage)
+    restoring = lambda: restore(plan.storage, plan.output_dir, beat, identity, store)  # noqa: E731
+    try:
+        _cancelled_when_stopped(restoring, store, stopped)
+        return None
+    except StorageError as err:
+        local, _ = newest_committed(plan.output_dir)
+        local_step, synced = (checkpoint_step(local) or 0) if local else 0, last_synced_step(Path(plan.run_dir))
+        if local_step < synced:
+            raise Unrestored(
+                f"the object store could not be read, and the newest local checkpoint (step {local_step}) is older "
+                f"than step {synced}, uploaded before: {err}"
+            ) from err
+        print(f"[swiftslurm] resuming from local step {local_step}, not older than any upload: {err}", flush=True)
+        return str(err)
 
 
 def _reshard(
@@ -153,6 +194,8 @@ def _wait_for_choice(
         time.sleep(POLL_S)
     if chosen.get("signalled"):
         raise Interrupted("node 0 ended the attempt before training: a stop signal came first")
+    if chosen.get("unrestored"):
+        raise Unrestored(f"node 0 starts no trainer: {chosen['unrestored']}")
     if chosen.get("error"):
         raise NodeError(f"node 0 could not prepare the resume point: {chosen['error']}")
     checkpoint = Path(chosen["checkpoint"]) if chosen["checkpoint"] else None

@@ -44,6 +44,7 @@ class Observed:
     started: float
     peer_failed: bool = False  # this node's trainer was ended because another node's failed
     hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
+    unrestored: str | None = None  # no trainer started: why the object store could not be restored from
 
 
 def hang_limits(res: Resilience) -> HangLimits:

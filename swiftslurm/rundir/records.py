@@ -65,6 +65,8 @@ class AttemptRecord:
     next_nodes: int | None = None  # the node count the next attempt asks for
     preflight: str | None = None  # "failed": the preflight stopped the run before training
     refused: bool | None = None  # the wrapper refused to start the attempt
+    restore_error: str | None = None  # the object store could not be read before training (node/resume.py)
+    requeue_error: str | None = None  # `scontrol requeue` failed after the row said requeue (amend_attempt)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     keep_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -95,8 +97,12 @@ def _unset(value: Any) -> bool:
     return value is None or (isinstance(value, (tuple, dict)) and not value)
 
 
-# What a concluded attempt's row shows even when null or empty; only a run that may shrink adds its node counts.
-CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in ("nodes", "next_nodes", "preflight", "refused"))
+# What a concluded attempt's row shows even when null or empty; only a run that may shrink adds its node counts,
+# and the errors of an outage appear only when there was one.
+_WHEN_SET = ("nodes", "next_nodes", "preflight", "refused", "restore_error", "requeue_error")
+CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in _WHEN_SET)
+# The key of a line that corrects the attempt recorded before it with the same id (amend_attempt).
+AMENDS = "amends"
 
 
 def _as_tuple(value: Any) -> Any:
@@ -107,12 +113,26 @@ def _as_tuple(value: Any) -> Any:
 
 
 def read_attempts(run_dir: Path) -> list[AttemptRecord]:
-    """The recorded attempts, oldest first; a torn last line (a crash mid-append) is skipped."""
-    return [AttemptRecord.from_dict(row) for row in read_jsonl(run_dir / ATTEMPTS)]
+    """The recorded attempts, oldest first, each with its amendments folded in; a torn last line (a crash
+    mid-append) is skipped."""
+    rows: list[dict[str, Any]] = []
+    for row in read_jsonl(run_dir / ATTEMPTS):
+        if not row.pop(AMENDS, False):
+            rows.append(row)
+        elif (amended := next((r for r in reversed(rows) if r.get("attempt") == row.get("attempt")), None)) is not None:
+            amended.update(row)
+    return [AttemptRecord.from_dict(row) for row in rows]
 
 
 def append_attempt(run_dir: Path, record: AttemptRecord) -> None:
     append_jsonl(run_dir / ATTEMPTS, [record.as_dict()])
+
+
+def amend_attempt(run_dir: Path, attempt: str, **facts: Any) -> None:
+    """Correct facts of a recorded attempt after the fact (its requeue failed after the row said requeue). The
+    file stays append-only: a line with the attempt's id, ``facts`` and `"amends": true`, which read_attempts
+    folds into the newest earlier row of that attempt (an amendment of no recorded attempt is ignored)."""
+    append_jsonl(run_dir / ATTEMPTS, [{"attempt": attempt, AMENDS: True, **facts}])
 
 
 def close_attempt(run_dir: Path, record: AttemptRecord) -> None:

@@ -40,7 +40,8 @@ log = logging.getLogger("swiftslurm.store")
 MiB = 1 << 20
 _MANIFEST_KEY = re.compile(r"checkpoint-(\d+)/" + re.escape(MANIFEST))
 _FOLDER_KEY = re.compile(r"checkpoint-(\d+)/")
-_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
+_EXPIRED_CODES = {"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired"}
 _DIGEST_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -48,6 +49,15 @@ _CREDENTIALS_HINT = (
     "HINT: credentials come only from boto3's standard chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in "
     "the environment, AWS_PROFILE (~/.aws/credentials), or an instance role. Check they are set where this runs "
     "and may read and write the bucket."
+)
+
+# Each attempt is a new process whose client reads boto3's chain afresh; but the environment comes first in that
+# chain, and SLURM gives a requeued job the environment it was submitted with.
+_EXPIRED_HINT = (
+    "HINT: temporary credentials exported in the submitting shell (AWS_SESSION_TOKEN) are the same in every "
+    "requeued attempt; give the job a source boto3 refreshes instead: AWS_PROFILE with role_arn, "
+    "credential_process or sso_session, a credentials file you renew (AWS_SHARED_CREDENTIALS_FILE), or an "
+    "instance role, then resubmit."
 )
 
 
@@ -123,6 +133,10 @@ def _as_storage_error(spec: StorageSpec, action: str, err: Exception) -> Storage
             f"{action}: the store refused bytes that differ from their SHA-256 ({code}): a file changed after its "
             "commit, or bytes were damaged on the way. HINT: nothing may write into a committed checkpoint; "
             "damage on the way is retried with the next attempt."
+        )
+    if code in _EXPIRED_CODES:
+        return StorageError(
+            f"{action}: the store refused the credentials: they expired ({code}, {spec.url}). {_EXPIRED_HINT}"
         )
     if code in _AUTH_CODES or code == "403":
         return StorageError(f"{action}: the store refused the credentials ({code}, {spec.url}). {_CREDENTIALS_HINT}")
@@ -417,8 +431,12 @@ class CheckpointStore:
         return target
 
     def _clear_the_way(self, target: Path) -> None:
-        """Refuse to replace a committed local checkpoint; set an uncommitted leftover aside, never delete it."""
-        if is_committed(target):
+        """Refuse to replace a committed local checkpoint that verifies; set anything else there aside, never
+        delete it: an uncommitted leftover, or a committed one whose files no longer match its manifest (a
+        scratch purge removed or cut some)."""
+        committed = is_committed(target)
+        issues = problems(target) if committed else []
+        if committed and not issues:
             raise StorageError(
                 f"{target} is already committed locally; not overwritten. HINT: resume from it, or move it away "
                 "to download the remote copy."
@@ -427,7 +445,8 @@ class CheckpointStore:
             aside = target.parent / QUARANTINE / f"{target.name}.before-download-{int(time.time())}"
             aside.parent.mkdir(exist_ok=True)
             os.replace(target, aside)
-            log.warning(f"[swiftslurm] moved uncommitted {target.name} to {aside} before downloading it")
+            what = f"damaged {target.name} ({'; '.join(issues)})" if issues else f"uncommitted {target.name}"
+            log.warning(f"[swiftslurm] moved {what} to {aside} before downloading it")
 
     def _fetch(
         self, step: int, entries: list[dict[str, Any]], staging: Path, report: TransferReport | None = None

@@ -20,7 +20,7 @@ from typing import Any
 
 from swiftslurm.ckpt.checkpoint import checkpoint_dirs, checkpoint_step, is_committed, newest_committed, prune_committed
 from swiftslurm.plan import StorageSpec
-from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.jsonio import read_jsonl, write_json_atomic
 from swiftslurm.rundir.layout import SYNC_STATE, UPLOAD_HISTORY
 from swiftslurm.storage.store import CheckpointStore, TransferReport, remove_stale_downloads, restore_if_newer
 from swiftslurm.storage.uploader import Uploader
@@ -46,6 +46,13 @@ def restore(
     local_step = (checkpoint_step(local) or 0) if local else 0
     store = store if store is not None else CheckpointStore(spec)
     return restore_if_newer(store, output_dir, local_step, report, identity)
+
+
+def last_synced_step(run_dir: Path) -> int:
+    """The newest step this run dir knows the store to hold: uploaded, or found there already, by any of its
+    attempts (uploads.jsonl; a restored checkpoint is found there by the attempt that restored it); 0: none."""
+    steps = (row.get("step") for row in read_jsonl(run_dir / UPLOAD_HISTORY))
+    return max((step for step in steps if isinstance(step, int)), default=0)
 
 
 class NodeSync:

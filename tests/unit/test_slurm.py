@@ -169,6 +169,34 @@ def test_a_retried_requeue_that_finds_the_job_pending_has_requeued_it(scripted: 
     assert fake.calls == [["scontrol", "requeue", "7"]] * 2
 
 
+def test_a_requeue_that_timed_out_here_is_asked_again_within_the_budget(scripted: Callable[..., Scripted]) -> None:
+    """A mass preemption: slurmctld does not answer the first try at all; the second is accepted."""
+    fake = scripted(TimeoutError("scontrol did not answer within 30 s"), OK)
+    slurm.requeue("7")
+    assert fake.calls == [["scontrol", "requeue", "7"]] * 2 and fake.pauses == [2.0]
+
+
+def test_a_requeue_that_slurmctld_never_answers_fails_after_the_retries(scripted: Callable[..., Scripted]) -> None:
+    fake = scripted(TimeoutError("scontrol did not answer within 30 s"), takes_s=30.0)
+    with pytest.raises(SlurmUnavailable, match=r"`scontrol requeue 7` failed \(2 times in 60 s\)") as err:
+        slurm.requeue("7")
+    assert len(fake.calls) == err.value.tries == 2  # the 60 s budget: 30 s, a 2 s pause, the rest of it
+
+
+def test_a_job_no_longer_pending_is_not_taken_for_requeued(scripted: Callable[..., Scripted]) -> None:
+    scripted(slurm.Answer(1, stderr="scontrol: error: Job is no longer pending execution for job 7"))
+    with pytest.raises(SlurmError, match="no longer pending"):
+        slurm.requeue("7")
+
+
+def test_a_job_between_states_is_asked_again(scripted: Callable[..., Scripted]) -> None:
+    """SLURM's own words for a job it cannot change this moment (completing): "try again later"."""
+    busy = slurm.Answer(1, stderr="Requeue of job 7 failed: Job can not be altered now, try again later")
+    fake = scripted(busy, OK)
+    slurm.requeue("7")
+    assert len(fake.calls) == 2 and fake.pauses == [2.0]
+
+
 def test_a_missing_command_says_where_swiftslurm_runs(scripted: Callable[..., Scripted]) -> None:
     fake = scripted(FileNotFoundError(2, "No such file or directory", "sinfo"))
     with pytest.raises(SlurmError, match=r"not on PATH: this machine is not a SLURM login node\. HINT"):
