@@ -4,7 +4,6 @@ classified when `scontrol` cannot say the time limit, and when a host is blamed 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from dataclasses import replace
@@ -15,7 +14,6 @@ import pytest
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node import conclude as conclude_mod
 from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
@@ -23,7 +21,8 @@ from swiftslurm.node.decide import Action, Decision, Reason
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import records
-from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, attempt_dir, node_log
+from swiftslurm.rundir.beat import ProgressWatch
+from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, attempt_dir, node_log, progress_file
 from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
@@ -111,7 +110,7 @@ def conclude(
     for node in results:
         records.write_node_result(here, node, HOSTS[node], exit_code)
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
-    watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
+    watch = ProgressWatch(progress_file(here), time.time())
     observed = Observed(exit_code, signals or [], hang is not None, watch, time.time() - 3600, hang=hang)
     return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
 
