@@ -108,6 +108,7 @@ class Resilience:
     max_restarts: int = 5
     startup_timeout_s: float = 3600.0
     hang_timeout_s: float = 1800.0
+    pause_timeout_s: float = 7200.0
     hang_window_factor: float = 5.0
     hang_window_floor_s: float = 300.0
     user_error_window_s: float = 300.0

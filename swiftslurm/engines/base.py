@@ -1,17 +1,16 @@
 """What differs between training engines, in one place: an `Engine` adapter per launcher.
 
 The plan side asks an adapter which arguments it forces and which combinations it refuses; the node side
-asks it where progress is read, how a resume is expressed, whether a run reached its last step and which
-processes may receive the stop signal. Nothing outside an adapter branches on the engine (submitit keeps
-its schedulers apart the same way, `submitit/core/job_environment.py`). Adapters import neither torch nor
-ms-swift: the plugin each one names is what the training ranks import.
+asks it how a resume is expressed, whether a run reached its last step and which processes may receive the
+stop signal (progress is the same for every engine: its plugin writes global rank 0's heartbeat). Nothing
+outside an adapter branches on the engine (submitit keeps its schedulers apart the same way,
+`submitit/core/job_environment.py`). Adapters import neither torch nor ms-swift: the plugin each one names is
+what the training ranks import.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,18 +23,6 @@ if TYPE_CHECKING:
 ENGINES_DIR = Path(__file__).resolve().parent
 # ms-swift arguments that do not change what is trained (see Engine.result_argv).
 _NOT_RESULT_ARGS = frozenset({"--output_dir", "--ddp_timeout"})
-
-
-@dataclass(frozen=True)
-class ProgressSource:
-    """Where the leader reads training progress: a file, and the pattern of a "step K of N" line in it."""
-
-    description: str  # for people (the dry run): which rank writes what, where
-    pattern: re.Pattern[str]  # two groups: the step, the planned last step
-    in_output_dir: str | None = None  # a file in the output dir (shared by the nodes), else the node's own log
-
-    def path(self, output_dir: Path, node_log: Path) -> Path:
-        return output_dir / self.in_output_dir if self.in_output_dir else node_log
 
 
 class Engine:
@@ -55,7 +42,6 @@ class Engine:
     plugin: Path = ENGINES_DIR  # the file every rank imports (`--external_plugins`): commit and stop hooks
     callbacks: tuple[str, ...] = ()  # the callbacks that plugin registers, added to `--callbacks`
     replaced_callbacks: tuple[str, ...] = ()  # the engine's own callbacks ours replace (removed if asked for)
-    progress: ProgressSource
     # `swift sft` runs one process without torchrun; Megatron initialises torch.distributed from torchrun's
     # variables even for one process.
     torchrun_for_one_process: bool = False
@@ -139,7 +125,7 @@ class Engine:
         return [
             ("adapter", f"{type(self).__name__} (`{self.launcher}`)"),
             ("commit hook", f"{', '.join(self.callbacks)} from {self.plugin.name} (--external_plugins, every rank)"),
-            ("progress", self.progress.description),
+            ("progress", "logs/ATTEMPT/progress.json: global rank 0's heartbeat at each step, save and evaluation"),
             ("finished", "a committed checkpoint of the planned last step (its manifest says so)"),
             ("resume", self.resume_form()),
             ("stop signal", "USR2 to the training ranks only (never to what they start, e.g. vLLM or data workers)"),

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from swiftslurm.ckpt.checkpoint import universal_companion
 from swiftslurm.engines import zero_reshard
-from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, is_true
+from swiftslurm.engines.base import ENGINES_DIR, Engine, argv_value, is_true
 from swiftslurm.engines.progress import finished_steps
 from swiftslurm.errors import NodeError
 
@@ -49,12 +48,6 @@ class HfTrainerEngine(Engine):
     # ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less a step).
     replaced_callbacks = ("graceful_exit",)
     managed_args = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
-    # ms-swift prints "{'loss': '6.613', ..., 'global_step/max_steps': '11/40', ...}" on global rank 0, which
-    # runs on node 0: the leader reads its own log.
-    progress = ProgressSource(
-        "node 0's log: 'global_step/max_steps': 'K/N' (printed by global rank 0)",
-        re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'"),
-    )
 
     def default_args(self, seed: int) -> dict[str, Any]:
         # data_seed: the data order after a resume is the one an uninterrupted run would have seen.

@@ -12,8 +12,10 @@ storage the wrapper's NodeSync applies it, since only it knows what is uploaded 
 The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
 
 For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its stack dump at import
-(`register_stack_dump`), and global rank 0 announces the pauses the wrapper must not take for a hang
-(`announce_pause`: a save, an evaluation, an epoch boundary).
+(`register_stack_dump`), and global rank 0 writes the heartbeat the wrapper follows (rundir/beat.py): each
+step's end, and the begin and end of each save, evaluation and epoch boundary, which the wrapper must not take
+for a slow step. The Committer writes it, as it knows when a save is over: once every rank has written it and
+the previous commit is done (`after_save`), and, at the end, while the last commit is still being written.
 
 Global rank 0 also writes the trainer's timeline (rundir/timeline.py): loop begun, each save and commit, loop
 ended, for the goodput ledger.
@@ -29,9 +31,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from swiftslurm.ckpt import checkpoint, shared_commit
-from swiftslurm.engines.progress import PAUSE_LINE
 from swiftslurm.engines.stop_vote import StopVote
 from swiftslurm.rundir import lease
+from swiftslurm.rundir.beat import EPOCH, EVAL, SAVE, StepBeat
 from swiftslurm.rundir.layout import stack_file
 from swiftslurm.rundir.timeline import COMMITTED, TRAIN_BEGIN, TRAIN_END, TimelineWriter
 from swiftslurm.signals import RANK_STOP_SIGNALS, SAVE_SIGNAL, dump_stacks_on_signal, ignore_from_now_on, install
@@ -61,12 +63,10 @@ def register_stack_dump(environ: Mapping[str, str] = os.environ) -> Path | None:
     return path
 
 
-def announce_pause(step: int, save: bool, evaluate: bool, epoch_end: bool = False) -> None:
-    """Global rank 0, at the end of ``step``: tell the wrapper a save, an evaluation or an epoch boundary
-    follows, so it allows that pause its own time instead of the run's step pace (node/hang.py)."""
-    kinds = [name for name, due in (("save", save), ("eval", evaluate), ("epoch", epoch_end)) if due]
-    if kinds and is_global_rank_zero():
-        print(PAUSE_LINE.format(step=step, kinds=", ".join(kinds)), flush=True)
+def pauses(evaluate: bool, save: bool, epoch_end: bool = False) -> tuple[str, ...]:
+    """The pauses due, in the order both engines' training loops run them: the evaluation, then the save (which
+    may keep the best checkpoint by its metric), then the next epoch's data loader."""
+    return tuple(kind for kind, due in ((EVAL, evaluate), (SAVE, save), (EPOCH, epoch_end)) if due)
 
 
 def barrier() -> None:
@@ -122,11 +122,18 @@ class Committer:
         self._commit: threading.Thread | None = None  # at most one in flight
         self._group: Any = None  # the CPU group the commits use, created at the first save
         self.timeline = TimelineWriter(None)  # rank 0's, from train_begun on
+        self.beat = StepBeat(None)  # rank 0's heartbeat, from train_begun on
 
     def train_begun(self, step: int) -> None:
         """The training loop begins (model and resume checkpoint loaded): from here on, time is training."""
         self.timeline = TimelineWriter.from_environ(is_global_rank_zero())
         self.timeline.event(TRAIN_BEGIN, step=step)
+        self.beat = StepBeat.from_environ(is_global_rank_zero())
+
+    def step_ended(self, step: int, last_step: int | None, follows: tuple[str, ...]) -> None:
+        """Every rank, at every step's end: ``follows``, the pauses due before the next step (`pauses`)."""
+        self.timeline.step_ended()
+        self.beat.step_ended(step, last_step, follows)
 
     def after_save(self, folder: Path, last_step: int | None) -> None:
         """Every rank calls this once its share of ``folder`` is written. The previous commit is finished
@@ -141,6 +148,7 @@ class Committer:
         )
         self._commit.start()
         self.timeline.saved(checkpoint.checkpoint_step(folder) or 0)
+        self.beat.pause_ended(SAVE)  # the loop goes on; the commit runs beside it
 
     def wait(self) -> None:
         """Return once the commit in flight (if any) is done."""
@@ -207,5 +215,7 @@ class Committer:
         # default action and the signal would kill this rank, failing a run that ended well.
         ignore_from_now_on((SAVE_SIGNAL,))
         ended = time.time()
+        if self._commit is not None:  # the last checkpoint's commit is still being written: part of its save
+            self.beat.pausing(SAVE)
         self.wait()
         self.timeline.event(TRAIN_END, started=round(ended, 3))

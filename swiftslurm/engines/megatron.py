@@ -2,7 +2,8 @@
 
 Facts it rests on, seen on H200s with ms-swift 4.6 and megatron-core 0.19 (docs/gpu.md): the progress line
 `{'loss': ..., 'iteration': 'K/N', ...}` is printed by the LAST rank only, so on a multi-node job it is not
-in node 0's log; the same line goes to `output_dir/logging.jsonl` (on the shared run dir). Checkpoints are
+in node 0's log; the same line goes to `output_dir/logging.jsonl` (on the shared run dir). (swiftslurm's
+progress is its plugin's heartbeat from global rank 0, on node 0, as for the other engine.) Checkpoints are
 `checkpoint-N/` holding `iter_000000N/` (mcore distributed format), `latest_checkpointed_iteration.txt`,
 `args.json` and safetensors. A resume is `--mcore_model CKPT --finetune false` (full) or `--mcore_adapter
 CKPT --finetune false` (LoRA): iteration, optimizer, scheduler and RNG come back from the checkpoint.
@@ -10,13 +11,11 @@ CKPT --finetune false` (LoRA): iteration, optimizer, scheduler and RNG come back
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm.engines.base import ENGINES_DIR, Engine, ProgressSource, argv_value, as_list, is_true
-from swiftslurm.rundir.layout import METRICS
+from swiftslurm.engines.base import ENGINES_DIR, Engine, argv_value, as_list, is_true
 
 if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism
@@ -71,12 +70,6 @@ class MegatronEngine(Engine):
     torchrun_for_one_process = True
     # finetune: swiftslurm sets it for a resume (false: load iteration, optimizer and RNG from the checkpoint).
     managed_args = frozenset({"output_dir", "add_version", "finetune"})
-    # PrintCallback's JsonlWriter (write_on_rank='last') dumps each log dict as JSON.
-    progress = ProgressSource(
-        'output/logging.jsonl: "iteration": "K/N" (written by the last rank, on the shared run dir)',
-        re.compile(r'"iteration": "(\d+)/(\d+)"'),
-        in_output_dir=METRICS,
-    )
 
     def batch_args(self, batch: BatchPlan) -> dict[str, Any]:
         return {"micro_batch_size": batch.micro, "global_batch_size": batch.global_}

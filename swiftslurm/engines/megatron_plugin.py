@@ -3,9 +3,9 @@
 Megatron-SWIFT has no signal handling of its own: a plain USR2 kills every rank and nothing is saved. Two
 callbacks (registered in `megatron_callbacks_map`, named in `--callbacks`) give it swiftslurm's behaviour,
 with the same parts as the `swift` plugin (hooks.py): `swiftslurm_megatron_stop` saves the iteration every
-rank agreed on and ends the training loop after that save, and announces the saves and evaluations the hang
-watchdog must allow for; `swiftslurm_megatron_commit` commits each checkpoint once every rank has written its
-shards. Importing it registers the rank's stack dump (hooks.py).
+rank agreed on and ends the training loop after that save; `swiftslurm_megatron_commit` commits each
+checkpoint once every rank has written its shards, and writes global rank 0's heartbeat: each iteration's end,
+each save and evaluation (rundir/beat.py). Importing it registers the rank's stack dump (hooks.py).
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from typing import Any
 from swift.megatron.callbacks import megatron_callbacks_map
 from swift.megatron.callbacks.base import MegatronCallback
 
-from swiftslurm.engines.hooks import (
-    Committer,
-    StopRequest,
-    announce_pause,
-    is_global_rank_zero,
-    register_stack_dump,
-)
+from swiftslurm.engines.hooks import Committer, StopRequest, is_global_rank_zero, pauses, register_stack_dump
 from swiftslurm.engines.megatron import pauses_after
+from swiftslurm.rundir.beat import EVAL
 
 register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
 
@@ -41,7 +36,6 @@ class MegatronStopCallback(MegatronCallback):
     def on_step_end(self) -> None:
         if self._stop.should_stop_now(self.state.iteration):
             self.state.should_save = True  # the trainer saves after this step's logging, then calls on_save
-        announce_pause(self.state.iteration, *pauses_after(self.state.iteration, self.args, self.state.should_save))
 
     def on_save(self, output_dir: str) -> None:
         if self._stop.stopping:
@@ -66,7 +60,15 @@ class MegatronCommitCallback(MegatronCallback):
         self._committer.train_begun(int(self.state.iteration))
 
     def on_step_end(self) -> None:
-        self._committer.timeline.step_ended()
+        # After swiftslurm_megatron_stop (named before this one), which may have asked for a save.
+        save, evaluate = pauses_after(self.state.iteration, self.args, self.state.should_save)
+        self._committer.step_ended(int(self.state.iteration), self._last_step, pauses(evaluate, save))
+
+    def on_eval_begin(self) -> None:
+        self._committer.beat.pausing(EVAL)  # already so when on_step_end foresaw it
+
+    def on_eval_end(self) -> None:
+        self._committer.beat.pause_ended(EVAL)
 
     def on_save(self, output_dir: str) -> None:
         self._committer.after_save(Path(output_dir), last_step=self._last_step)

@@ -2,9 +2,10 @@
 
 It registers two Trainer callbacks (hooks.py does the work). `swiftslurm_stop` saves the current step and
 stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at
-the same step; it also announces the saves, evaluations and epoch ends the hang watchdog must allow for.
-`swiftslurm_commit` commits each checkpoint once every rank has written it. Retention (`save_total_limit`,
-here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's stack dump (hooks.py).
+the same step. `swiftslurm_commit` commits each checkpoint once every rank has written it, and writes global
+rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py). Retention
+(`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's
+stack dump (hooks.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
-from swiftslurm.engines.hooks import Committer, StopRequest, announce_pause, register_stack_dump
+from swiftslurm.engines.hooks import Committer, StopRequest, pauses, register_stack_dump
+from swiftslurm.rundir.beat import EVAL
 
 register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
 
@@ -37,13 +39,6 @@ class StopCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self._stop.should_stop_now(state.global_step):
             control.should_save = True
-        # The Trainer's flow callback runs first: these say what follows this step's progress line.
-        announce_pause(state.global_step, control.should_save, control.should_evaluate)
-        return control
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        # The data loader starts over (workers, shuffling), and an epoch strategy saves and evaluates here.
-        announce_pause(state.global_step, control.should_save, control.should_evaluate, epoch_end=True)
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -68,7 +63,19 @@ class CommitCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self._committer.timeline.step_ended()
+        # The Trainer's flow callback runs first: what follows this step is decided (a stop's save too, as
+        # swiftslurm_stop is named before this one; after a stop signal the watchdog is off anyway).
+        follows = pauses(control.should_evaluate, control.should_save)
+        self._committer.step_ended(state.global_step, state.max_steps, follows)
+        return control
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # The data loader starts over (workers, shuffling), and an epoch strategy saves and evaluates here.
+        self._committer.beat.pausing(*pauses(control.should_evaluate, control.should_save, epoch_end=True))
+        return control
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._committer.beat.pause_ended(EVAL)
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -284,7 +284,10 @@ def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
     resumed_from = str(resume.checkpoint) if resume.checkpoint else None
     log = str(node_log_path(a.run_dir, a.id, a.where))
     a.result = NodeResult(a.where.node_id, socket.gethostname(), observed.exit_code, log, resumed_from)
-    records.write_node_result(attempt_dir(a.run_dir, a.id), a.where.node_id, a.result.hostname, observed.exit_code)
+    here = attempt_dir(a.run_dir, a.id)
+    records.write_node_result(
+        here, a.where.node_id, a.result.hostname, observed.exit_code, observed.ended_at, observed.ended_by
+    )
     return Phase.CONCLUDE if a.leader else Phase.AWAIT_OUTCOME
 
 

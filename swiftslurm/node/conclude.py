@@ -56,13 +56,16 @@ def conclude(
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
     hosts = where.hosts or (socket.gethostname(),)
-    blamed = _blame(attempt_dir(run_dir, attempt), hosts, observed)
+    blamed = _blame(attempt_dir(run_dir, attempt), hosts, observed)  # waits (bounded) for every node's result
     failed = blamed[0] if blamed else None
-    facts = _facts(plan, where, run_dir, attempt, resume, observed, signal_reason, failed)
+    first = _first_failure(attempt_dir(run_dir, attempt), hosts, observed)
+    facts = _facts(plan, where, run_dir, attempt, resume, observed, signal_reason, failed, first)
     reason, explanation = decide.classify(facts, plan.resilience.user_error_window_s)
     if reason is decide.Reason.UNKNOWN_STOP:
         explanation = f"{explanation} ({unknown_end})"
-    if observed.peer_failed:  # the wrapper killed it: its exit code says nothing of the cause
+    if first is not None:  # the nodes' earliest failure, which made the others fail or end theirs
+        explanation = f"{first.named()} failed first: {explanation}"
+    elif observed.peer_failed:  # the wrapper killed it: its exit code says nothing of the cause
         explanation = f"{explanation}; ended by its wrapper after another node's trainer failed"
     if reason is decide.Reason.INFRA and observed.hang is not None:  # the watchdog's verdict (decide.classify)
         explanation = f"{explanation}: {hang_line(observed.hang)}"
@@ -241,14 +244,17 @@ def _facts(
     observed: Observed,
     signal_reason: decide.Reason | None,
     failed: str | None,
+    first: decide.NodeEnd | None = None,
 ) -> decide.AttemptFacts:
+    """What node 0 observed; with ``first`` (the node that failed first, of several) that node's exit code and
+    log instead of node 0's own."""
     return decide.AttemptFacts(
-        exit_code=observed.exit_code,
+        exit_code=first.exit_code if first else observed.exit_code,
         signal_reason=signal_reason,
         steps_done=max(0, (observed.watch.step or 0) - resume.step),
         reached_last_step=_reached_last_step(plan),
         hung=observed.hung,
-        log_tail=tail(node_log_path(run_dir, attempt, where)),
+        log_tail=first.log_tail if first else tail(node_log_path(run_dir, attempt, where)),
         elapsed_s=time.time() - observed.started,
         failed_host=failed,
         unrestored=observed.unrestored,
@@ -282,6 +288,26 @@ def _blame(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> tup
     own = {h: f for i, h in enumerate(hosts) if (f := decide.own_fault(tail(node_log(attempt_dir, i))))}
     silent = _silent_hosts_states(attempt_dir, hosts, 0.0 if own else NODE_STATE_WAIT_S) if len(hosts) > 1 else {}
     return decide.blame(silent, own)
+
+
+def _first_failure(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> decide.NodeEnd | None:
+    """Of several nodes, the one whose trainer failed first (decide.first_failure), from every node's result
+    and log, node 0's own from what it observed. None on one node, after a stop signal or a hang (those are
+    node 0's verdicts), and when the attempt did not fail."""
+    if len(hosts) < 2 or observed.signals or observed.hung or observed.exit_code == 0:
+        return None
+    own = records.TrainerEnd(0, hosts[0], observed.exit_code, observed.ended_at, observed.ended_by)
+    others = (records.read_node_result(attempt_dir, node) for node in range(1, len(hosts)))
+    ends = [_node_end(attempt_dir, hosts, result) for result in (own, *others) if result is not None]
+    return decide.first_failure(ends)
+
+
+def _node_end(attempt_dir: Path, hosts: tuple[str, ...], result: records.TrainerEnd) -> decide.NodeEnd:
+    """A node's result with its log's last lines (read only for a trainer that failed by itself)."""
+    own_failure = result.exit_code != 0 and result.ended_by is None
+    log_tail = tail(node_log(attempt_dir, result.node)) if own_failure else ""
+    host = hosts[result.node] if result.node < len(hosts) else result.host
+    return decide.NodeEnd(result.node, host, result.exit_code, result.ended_at, result.ended_by is not None, log_tail)
 
 
 def _silent_hosts_states(attempt_dir: Path, hosts: tuple[str, ...], patience_s: float) -> dict[str, str]:

@@ -7,6 +7,7 @@ wrapper on node 0 gathers `AttemptFacts`, classifies them, folds the result into
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from collections.abc import Iterable, Mapping
@@ -89,6 +90,13 @@ _INFRA = re.compile(
 _DEVICE_FAULT = re.compile(
     r"CUDA error: an illegal memory access|CUDA error: unspecified launch failure|ECC error|\bXid\b"
 )
+# How a healthy node reports a failure elsewhere: its connections to the peer that died break, its collectives
+# time out or are aborted. A node whose earliest failure is one of these is a witness, not the cause.
+_PEER_SYMPTOM = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Gloo connectFullMesh failed|ncclRemoteError"
+    r"|NCCL communicator was aborted|Watchdog caught collective operation timeout|remote process exited"
+    r"|DistStoreError|Socket Timeout"
+)
 # SLURM node states (`scontrol show node`, `sinfo %T`) that say the node itself is at fault. DRAIN is set by
 # an admin or a health check; a node merely allocated, idle or completing proves nothing.
 _NODE_DOWN = frozenset({"DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "DRAIN", "DRAINING", "DRAINED"})
@@ -144,6 +152,42 @@ def first_log_failure(log_tail: str) -> LogFailure | None:
         elif _USAGE_ERROR.match(line):
             return LogFailure("exception", line)
     return None
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How one node's trainer ended (its wrapper's result) and the last lines of its log."""
+
+    node: int
+    host: str
+    exit_code: int
+    ended_at: float | None  # when its wrapper saw it exit (the wrappers' clocks agree to well under a second)
+    ended_by_wrapper: bool  # its own wrapper ended it: another node's trainer failed, the run hung, a stop
+    log_tail: str
+
+    def named(self) -> str:
+        return f"node {self.node} ({self.host})" if self.host else f"node {self.node}"
+
+
+def first_failure(ends: Iterable[NodeEnd]) -> NodeEnd | None:
+    """The node whose trainer failed first: the attempt's root cause, whose log and exit code are classified.
+
+    A trainer its own wrapper ended (because another node's failed, or the run hung) did not fail by itself,
+    so it is never the one. Of the others, a node whose earliest log failure is its own comes before one whose
+    log shows only a peer's symptom (a lost connection, a collective time-out: how every healthy node reports a
+    failure elsewhere, often within the same second), then the earliest to exit. None: no trainer failed."""
+    failed = [end for end in ends if end.exit_code != 0 and not end.ended_by_wrapper]
+    return min(failed, key=lambda e: (peer_symptom(e.log_tail), _or_inf(e.ended_at), e.node), default=None)
+
+
+def peer_symptom(log_tail: str) -> bool:
+    """Whether the earliest failure in the log is how a node sees another fail (_PEER_SYMPTOM)."""
+    failure = first_log_failure(log_tail)
+    return failure is not None and bool(_PEER_SYMPTOM.search(failure.line))
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value
 
 
 def own_fault(log_tail: str) -> str | None:

@@ -1,22 +1,22 @@
 """When is a run hung: a window learned from the run's own step times (pure; no clock, no files).
 
-The leader sees progress as "step K" lines (the engine adapter's ProgressSource). The gaps between two new
-steps are the run's own pace: a run whose logged steps come every 10 s is hung long before one whose steps
-take 20 minutes. The window the next step must come within is
+The leader follows global rank 0's heartbeat (rundir/beat.py): a beat at every step's end, and at each save's,
+evaluation's and epoch boundary's begin and end. The time from one beat to the next belongs to what rank 0 was
+doing meanwhile, its phase: the steps' times are the run's own pace (a run whose steps take 10 s is hung long
+before one whose steps take 20 minutes), and a pause's time is that pause's, never a step's. The window the
+next beat must come within is, for a step,
 
-    clamp(factor × p95(the last RECENT ordinary gaps), floor_s, ceiling_s)
+    clamp(factor × p95(the last RECENT step times), floor_s, ceiling_s)
 
-with three exceptions, each given the allowance it needs rather than the ordinary pace:
-- before the first step (model load, dataset preprocessing, data loader warm-up): ``startup_s``;
-- until MIN_GAPS ordinary gaps are known (the first steps are slow: warm-up, lazy communicator set-up):
+with these exceptions, each given the allowance it needs rather than the steps' pace:
+- before the first beat (model load, dataset preprocessing, data loader warm-up): ``startup_s``;
+- until MIN_GAPS step times are known (the first steps are slow: warm-up, lazy communicator set-up):
   ``ceiling_s``;
-- a gap that holds a save, an evaluation or an epoch boundary (announced by the ranks: PAUSE_LINE):
-  factor × the longest such gap seen so far, clamped the same way; ``ceiling_s`` while none has been seen;
-- after the last step (the final save, the engine's end of training, the processes' exit: nothing this run
-  has done before, and a kill then loses nothing committed): ``ceiling_s``.
-
-Gaps that held a pause are kept apart, so one slow evaluation never widens the ordinary window, nor a run of
-quick steps narrow the window of the next save.
+- a save, an evaluation or an epoch boundary: factor × the longest pause of that kind seen so far, clamped to
+  [ceiling_s, pause_s]: a save's time is set by a shared file system more than by the run, so never less than
+  a step may take; ``pause_s`` while none of its kind has been seen (never below ``ceiling_s``);
+- after the last step (the engine's end of training, the processes' exit: nothing this run has done before,
+  and a kill then loses nothing committed): ``ceiling_s``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-RECENT = 50  # ordinary gaps the window is learned from: the pace of the run now, not of its first hour
-MIN_GAPS = 3  # ordinary gaps needed before the learned window replaces the ceiling
+from swiftslurm.rundir.beat import STEP, Beat
+
+RECENT = 50  # step times the window is learned from: the pace of the run now, not of its first hour
+MIN_GAPS = 3  # step times needed before the learned window replaces the ceiling
 PERCENTILE = 95.0  # one unusually slow step in RECENT does not widen the window; two in a row do
 
 
@@ -39,12 +41,13 @@ class HangLimits:
     startup_s: float  # no first step within this long = hung
     factor: float  # the window is this many times the run's own pace
     floor_s: float  # never shorter: a run with 1-second steps still gets GC pauses, slow batches
-    ceiling_s: float  # never longer; and the window until the run's pace is known
+    ceiling_s: float  # a step's window is never longer; and the window until the run's pace is known
+    pause_s: float  # a pause's window is never longer (nor below ceiling_s); and that of the first of its kind
 
 
 @dataclass(frozen=True)
 class Window:
-    """How long the next step may take, and why that long (for the record and the log)."""
+    """How long the next beat may take, and why that long (for the record and the log)."""
 
     seconds: float
     basis: str
@@ -59,69 +62,66 @@ def percentile(values: Sequence[float], q: float) -> float:
 class Gap(str, Enum):
     """What the gap in progress holds."""
 
-    STARTUP = "startup"  # no step yet
-    STEPS = "steps"  # training steps only
+    STARTUP = "startup"  # no beat yet
+    STEPS = "steps"  # a training step
     PAUSE = "pause"  # a save, an evaluation or an epoch boundary
     END = "end"  # the last step is done: what follows is the end of training
 
 
-def window(gap: Gap, ordinary: Sequence[float], paused: Sequence[float], limits: HangLimits) -> Window:
-    """The window of the gap in progress. ``ordinary``, ``paused``: past gaps (s) without and with a pause."""
+def window(gap: Gap, steps: Sequence[float], paused: Sequence[float], limits: HangLimits, kind: str = "") -> Window:
+    """The window of the gap in progress. ``steps``: past step times (s); ``paused``: past pauses of the
+    ``kind`` in progress (s)."""
     if gap is Gap.STARTUP:
         return Window(limits.startup_s, "before the first step (resilience.startup_timeout_s)")
     if gap is Gap.END:
         return Window(limits.ceiling_s, "after the last step (resilience.hang_timeout_s)")
     if gap is Gap.PAUSE:
         if not paused:
-            return Window(limits.ceiling_s, "first save/eval of this attempt (resilience.hang_timeout_s)")
-        return _learned(max(paused), f"{limits.factor:g} × the longest save/eval gap ({max(paused):.1f} s)", limits)
-    if len(ordinary) < MIN_GAPS:
+            first = max(limits.pause_s, limits.ceiling_s)
+            return Window(first, f"the first {kind} of this attempt (resilience.pause_timeout_s)")
+        longest = max(paused)
+        seconds = min(max(limits.pause_s, limits.ceiling_s), max(limits.ceiling_s, limits.factor * longest))
+        bound = " (resilience.hang_timeout_s)" if seconds == limits.ceiling_s else ""
+        bound = " (resilience.pause_timeout_s)" if seconds == limits.pause_s else bound
+        return Window(seconds, f"{limits.factor:g} × the longest {kind} ({longest:.1f} s){bound}")
+    if len(steps) < MIN_GAPS:
         return Window(limits.ceiling_s, f"fewer than {MIN_GAPS} step gaps seen (resilience.hang_timeout_s)")
-    pace = percentile(ordinary, PERCENTILE)
-    return _learned(pace, f"{limits.factor:g} × p{PERCENTILE:g} of {len(ordinary)} step gaps ({pace:.1f} s)", limits)
-
-
-def _learned(gap_s: float, basis: str, limits: HangLimits) -> Window:
-    seconds = min(limits.ceiling_s, max(limits.floor_s, limits.factor * gap_s))
+    pace = percentile(steps, PERCENTILE)
+    seconds = min(limits.ceiling_s, max(limits.floor_s, limits.factor * pace))
     bound = " (the floor)" if seconds == limits.floor_s else " (the ceiling)" if seconds == limits.ceiling_s else ""
-    return Window(seconds, f"{basis}{bound}")
+    return Window(seconds, f"{limits.factor:g} × p{PERCENTILE:g} of {len(steps)} step gaps ({pace:.1f} s){bound}")
 
 
 @dataclass
 class StepGaps:
-    """The run's pace as the leader sees it: each new step (and when it was seen), each announced pause."""
+    """The run's pace as the leader sees it: each new beat, and how long the phase of the one before took."""
 
-    ordinary: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
-    paused: list[float] = field(default_factory=list)
-    step: int | None = None
-    at: float | None = None
-    last_step: int | None = None  # the planned last step, once a progress line said it
-    pauses: set[int] = field(default_factory=set)  # announced steps a pause follows, not yet behind us
+    steps: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    paused: dict[str, list[float]] = field(default_factory=dict)  # pause kind -> how long each one took
+    beat: Beat | None = None  # the newest beat seen
 
-    def announce(self, step: int) -> None:
-        """A pause follows ``step`` (its end was announced by the ranks)."""
-        if self.step is None or step >= self.step:
-            self.pauses.add(step)
-
-    def observe(self, step: int, at: float, last_step: int | None = None) -> None:
-        """A new step was first seen at ``at``: the gap since the previous one joins its kind."""
-        if self.step is not None and self.at is not None and step != self.step:
-            (self.paused if self._holds_pause(self.step, step) else self.ordinary).append(at - self.at)
-            self.pauses = {p for p in self.pauses if p >= step}
-        self.step, self.at, self.last_step = step, at, last_step if last_step is not None else self.last_step
+    def observe(self, beat: Beat) -> None:
+        """A new beat: the time since the previous one joins that one's phase. Between two step beats of the
+        same step there was no step (an epoch's end right after a save's): nothing to learn from."""
+        previous, self.beat = self.beat, beat
+        if previous is None or beat.t <= previous.t:
+            return
+        took = beat.t - previous.t
+        if previous.phase != STEP:
+            self.paused.setdefault(previous.phase, []).append(took)
+        elif beat.step > previous.step:
+            self.steps.append(took)
 
     def gap(self) -> Gap:
         """What the gap in progress holds."""
-        if self.step is None:
+        if self.beat is None:
             return Gap.STARTUP
-        if self.last_step is not None and self.step >= self.last_step:
+        if self.beat.phase != STEP:
+            return Gap.PAUSE
+        if self.beat.max_steps is not None and self.beat.step >= self.beat.max_steps:
             return Gap.END
-        return Gap.PAUSE if any(p >= self.step for p in self.pauses) else Gap.STEPS
+        return Gap.STEPS
 
     def window(self, limits: HangLimits) -> Window:
-        return window(self.gap(), list(self.ordinary), self.paused, limits)
-
-    def _holds_pause(self, begin: int, end: int) -> bool:
-        # The ranks announce a pause at the end of step P, before step P's progress line: the pause falls in
-        # the gap that begins at P's line, so in [begin, end) (a pause announced at `end` is the next gap's).
-        return any(begin <= p < end for p in self.pauses)
+        kind = self.beat.phase if self.beat is not None else STEP
+        return window(self.gap(), list(self.steps), self.paused.get(kind, []), limits, kind)

@@ -1,11 +1,11 @@
 """Run the trainer once and watch it: forward stop signals to its workers, kill it when it hangs (after every
 rank dumped its stacks: stacks.py) or outlives its save, and hand each newly committed checkpoint to the
-background uploader (leader). When the run is hung is node/hang.py's: a window learned from its own pace."""
+background uploader (leader). Progress is global rank 0's heartbeat (rundir/beat.py); when the run is hung is
+node/hang.py's: a window learned from its own pace."""
 
 from __future__ import annotations
 
 import os
-import re
 import resource
 import time
 from collections.abc import Callable
@@ -15,14 +15,14 @@ from typing import Any
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, newest_committed, read_manifest
 from swiftslurm.engines.hooks import STACKS_ENV
-from swiftslurm.engines.progress import PAUSE_PATTERN, LineFollower, ProgressWatch
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.node import stacks
 from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
-from swiftslurm.rundir.layout import attempt_dir, node_log, stacks_dir, trainer_timeline
+from swiftslurm.rundir.beat import PROGRESS_ENV, STEP, ProgressWatch
+from swiftslurm.rundir.layout import attempt_dir, node_log, progress_file, stacks_dir, trainer_timeline
 from swiftslurm.rundir.lease import TOKEN_ENV
 from swiftslurm.rundir.timeline import TIMELINE_ENV
 from swiftslurm.signals import SAVE_SIGNAL, SignalLog
@@ -31,6 +31,10 @@ from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
+# Why a wrapper ended its own trainer (Observed.ended_by): then its exit code says nothing of what went wrong.
+PEER_FAILED = "peer_failed"  # another node's trainer failed
+HUNG = "hung"  # the run was found hung (node 0's watchdog)
+STOP_SAVED = "stop_saved"  # the checkpoint a stop signal asked for is committed, or its save overran its lead
 
 
 @dataclass
@@ -42,13 +46,21 @@ class Observed:
     hung: bool
     watch: ProgressWatch
     started: float
-    peer_failed: bool = False  # this node's trainer was ended because another node's failed
+    ended_at: float | None = None  # when the wrapper saw the trainer exit
+    ended_by: str | None = None  # why this node's wrapper ended the trainer (PEER_FAILED, HUNG, STOP_SAVED)
     hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
     unrestored: str | None = None  # no trainer started: why the object store could not be restored from
 
+    @property
+    def peer_failed(self) -> bool:
+        """This node's trainer was ended because another node's failed."""
+        return self.ended_by == PEER_FAILED
+
 
 def hang_limits(res: Resilience) -> HangLimits:
-    return HangLimits(res.startup_timeout_s, res.hang_window_factor, res.hang_window_floor_s, res.hang_timeout_s)
+    return HangLimits(
+        res.startup_timeout_s, res.hang_window_factor, res.hang_window_floor_s, res.hang_timeout_s, res.pause_timeout_s
+    )
 
 
 def node_log_path(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
@@ -67,6 +79,7 @@ def trainer_env(
         "SWIFTSLURM_PLAN_IDENTITY": plan.identity(),
         **({TOKEN_ENV: str(lease_token)} if lease_token is not None else {}),
         **({STACKS_ENV: str(stacks_dir(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
+        **({PROGRESS_ENV: str(progress_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
     }
 
 
@@ -99,18 +112,16 @@ def train(
     log_path = node_log_path(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
-    watch = ProgressWatch(engine.progress.path(plan.output_dir, log_path), started, engine.progress.pattern)
+    watch = ProgressWatch(progress_file(log_path.parent), started)
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
     trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
     watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed)
-    if where.node_id == 0:  # the ranks announce their pauses from global rank 0, which runs on node 0
-        watcher.pauses = LineFollower(log_path, PAUSE_PATTERN)
-    code = watcher.until_exit()
+    code, ended = watcher.until_exit(), time.time()
     stacks.tidy(log_path.parent, node_ranks(plan, where))
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
-    return Observed(code, list(signals.received), watcher.hung, watch, started, watcher.ended_for_peer, watcher.hang)
+    return Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by, watcher.hang)
 
 
 def resume_args(plan: JobPlan, shape: AttemptShape, resume: ResumePoint) -> tuple[str, ...]:
@@ -144,10 +155,9 @@ class _Watcher:
     attempt_dir: Path
     peer_failed: Callable[[], bool] = lambda: False
     hung: bool = False
-    ended_for_peer: bool = False
+    ended_by: str | None = None  # why this wrapper ended the trainer, if it did
     forwarded_at: float = 0.0
     gaps: StepGaps = field(default_factory=StepGaps)
-    pauses: LineFollower | None = None  # node 0: the pauses the ranks announce
     hang: dict[str, Any] | None = None
     dumped: bool = False  # this node's ranks were asked for their stacks
 
@@ -179,13 +189,9 @@ class _Watcher:
             self.forwarded_at = now
 
     def follow_progress(self, now: float) -> None:
-        # Pauses first: a rank announces one before the progress line of its step, so the gap it falls in
-        # is known when that line is read.
-        for match in self.pauses.new_matches() if self.pauses is not None else ():
-            self.gaps.announce(int(match.group(1)))
-        self.watch.poll(now)
-        if self.watch.step is not None and self.watch.step != self.gaps.step:
-            self.gaps.observe(self.watch.step, self.watch.last_change_at or now, self.watch.max_steps)
+        # Node 0's: its watchdog alone judges the run (global rank 0, which beats, runs on node 0).
+        if self.where.node_id == 0 and (beat := self.watch.poll()) is not None:
+            self.gaps.observe(beat)
 
     def dump_if_asked(self) -> None:
         """Not node 0: once node 0 found the run hung (hang.json), have this node's ranks dump their stacks,
@@ -195,7 +201,7 @@ class _Watcher:
             stacks.dump_ranks(self.trainer.pid)
             stacks.wait_for_stacks(self.attempt_dir, node_ranks(self.plan, self.where))
             print("[swiftslurm] node 0 found the run hung: stacks dumped, killing the trainer", flush=True)
-            self.trainer.kill()
+            self.end(HUNG)
 
     def kill_if_hung(self, now: float) -> None:
         if self.where.node_id != 0 or self.signals.received or self.hung:
@@ -204,11 +210,13 @@ class _Watcher:
         if stalled <= window.seconds:
             return
         self.hung = True
-        self.hang = {"detected_at": round(now, 3), "step": self.watch.step, "stalled_s": round(stalled, 1)}
+        phase = self.gaps.beat.phase if self.gaps.beat is not None else None
+        self.hang = {"detected_at": round(now, 3), "step": self.watch.step, "phase": phase}
+        self.hang |= {"stalled_s": round(stalled, 1)}
         self.hang |= {"window_s": round(window.seconds, 1), "basis": window.basis}
         self.hang |= self.collect_stacks()
         print(f"[swiftslurm] hung: {hang_line(self.hang)}; killing the trainer", flush=True)
-        self.trainer.kill()
+        self.end(HUNG)
 
     def collect_stacks(self) -> dict[str, Any]:
         """Every rank's stacks, before the kill: node 0 asks every node (hang.json), dumps its own ranks, and
@@ -225,7 +233,7 @@ class _Watcher:
         if received and now - received[0][1] > self.plan.resilience.signal_lead_s:
             # The save had its whole lead time; something (e.g. torchrun's exit barrier waiting for a
             # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
-            self.trainer.kill()
+            self.end(STOP_SAVED)
 
     def end_once_saved(self) -> None:
         received = self.signals.received
@@ -234,21 +242,26 @@ class _Watcher:
             # next attempt needs. ms-swift's and torchrun's shutdown after it took 5-60 s (docs/resilience.md,
             # "Measured"), time taken from the requeue; nothing of it is kept.
             print("[swiftslurm] the stop checkpoint is committed: ending the trainer", flush=True)
-            self.trainer.kill()
+            self.end(STOP_SAVED)
 
     def end_if_peer_failed(self) -> None:
         # Not after a stop signal: then peers end on their own after their part of the save, and this node's
         # rank 0 may still be committing it.
         if not self.signals.received and self.peer_failed():
             print("[swiftslurm] another node's trainer failed: ending this node's", flush=True)
-            self.ended_for_peer = True
-            self.trainer.kill()
+            self.end(PEER_FAILED)
+
+    def end(self, why: str) -> None:
+        """Kill the trainer, saying why (the first reason stands: what came after was the kill's doing)."""
+        if self.trainer.poll() is None:
+            self.ended_by = self.ended_by or why
+        self.trainer.kill()
 
 
 def nothing_to_train(signals: list[tuple[int, float]] | None = None, started: float | None = None) -> Observed:
     """An attempt that started no trainer: its run was complete, or a stop signal (``signals``) came first."""
     now = time.time() if started is None else started
-    return Observed(0, list(signals or []), False, ProgressWatch(Path(os.devnull), now, re.compile("(?!)")), now)
+    return Observed(0, list(signals or []), False, ProgressWatch(Path(os.devnull), now), now, now)
 
 
 def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:
@@ -271,6 +284,9 @@ def _saved_since(plan: JobPlan, since: float) -> bool:
 def hang_line(hang: dict[str, Any]) -> str:
     """One line for people: how long, after which step, the window and why, where the stacks are."""
     after = "before the first step" if hang["step"] is None else f"after step {hang['step']}"
+    stalled = f"no new step for {hang['stalled_s']:.0f} s {after}"
+    if (phase := hang.get("phase")) not in (None, STEP):  # a save, evaluation or epoch boundary that never ended
+        stalled = f"the {phase} {after} not over after {hang['stalled_s']:.0f} s"
     missing = hang["stacks_missing"]
     stacks = (
         f"stacks in {hang['stacks']}, none from ranks {missing} (not started yet, or not answering)"
@@ -278,4 +294,4 @@ def hang_line(hang: dict[str, Any]) -> str:
         else f"stacks of every rank in {hang['stacks']}"
     )
     window = f"window {hang['window_s']:.0f} s: {hang['basis']}"
-    return f"no new step for {hang['stalled_s']:.0f} s {after} ({window}); {stacks}"
+    return f"{stalled} ({window}); {stacks}"

@@ -191,12 +191,18 @@ class ResilienceConfig:
     hang_timeout_s: float = doc(
         1800.0,
         "No new training step for this many seconds = hung, always: the ceiling of the learned window, and the "
-        "window until it is learned (first 3 step gaps, first save/eval of an attempt).",
+        "window until it is learned (first 3 steps of an attempt).",
+    )
+    pause_timeout_s: float = doc(
+        7200.0,
+        "A save, an evaluation or an epoch boundary not over after this many seconds = hung, always; the window "
+        "of the first of its kind in an attempt. Later ones get hang_window_factor times the longest of their "
+        "kind, never less than hang_timeout_s.",
     )
     hang_window_factor: float = doc(
         5.0,
-        "Learned hang window: this many times the 95th percentile of the last 50 gaps between logged steps "
-        "(saves and evaluations get the longest such gap seen, times this).",
+        "Learned hang window: this many times the 95th percentile of the last 50 step times (saves and "
+        "evaluations: the longest of their kind seen, times this).",
     )
     hang_window_floor_s: float = doc(300.0, "The learned hang window is never shorter than this, in seconds.")
     user_error_window_s: float = doc(

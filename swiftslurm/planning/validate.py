@@ -70,7 +70,7 @@ def check_counts(cfg: Config) -> None:
         "user_error_window_s",
     ):
         check_not_negative(f"resilience.{name}", getattr(res, name))
-    for name in ("startup_timeout_s", "hang_timeout_s", "hang_window_factor", "hang_window_floor_s"):
+    for name in ("startup_timeout_s", "hang_timeout_s", "pause_timeout_s", "hang_window_factor", "hang_window_floor_s"):
         if getattr(res, name) <= 0:
             raise ConfigError(f"resilience.{name}={getattr(res, name)} must be positive. HINT: keep the default.")
     if res.hang_window_floor_s > res.hang_timeout_s:

@@ -21,7 +21,9 @@
                          watchdog found the run hung: when, at which step, the window), stacks/rank<R>.txt
                          (rank R's Python stacks, all threads, dumped before a hung trainer is killed),
                          trainer.jsonl (global rank 0's timeline: loop begun, saves, commits, loop ended;
-                         rundir/timeline.py), outcome.json (node 0's word: restart in place, or end)
+                         rundir/timeline.py), progress.json (global rank 0's heartbeat: the step, and
+                         whether it trains, saves or evaluates; rundir/beat.py), outcome.json (node 0's
+                         word: restart in place, or end)
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
@@ -58,6 +60,7 @@ SLURM_LOG = "slurm-%j.out"  # SLURM fills in the job id
 RESUME = "resume.json"  # in logs/<attempt>/: the leader's choice of checkpoint, read by every node
 OUTCOME = "outcome.json"  # in logs/<attempt>/: node 0's word on what follows the attempt (restart or end)
 TRAINER_TIMELINE = "trainer.jsonl"  # in logs/<attempt>/: global rank 0's events (rundir/timeline.py)
+PROGRESS = "progress.json"  # in logs/<attempt>/: global rank 0's heartbeat, each step (rundir/beat.py)
 ACCOUNTING = "accounting.json"  # `status`'s cache of sacct's rows for the run's jobs
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
 LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (rundir/lease.py)
@@ -113,6 +116,10 @@ def leader_logs(run_dir: Path | str) -> list[Path]:
 
 def trainer_timeline(attempt_dir: Path) -> Path:
     return attempt_dir / TRAINER_TIMELINE
+
+
+def progress_file(attempt_dir: Path) -> Path:
+    return attempt_dir / PROGRESS
 
 
 def node_result(attempt_dir: Path, node: int) -> Path:

@@ -180,9 +180,38 @@ def open_attempt(run_dir: Path, record: AttemptRecord) -> AttemptRecord | None:
     return previous if previous and previous.attempt not in recorded else None
 
 
-def write_node_result(attempt_dir: Path, node: int, host: str, exit_code: int) -> None:
+@dataclass(frozen=True)
+class TrainerEnd:
+    """How one node's trainer ended, as its wrapper saw it (logs/<attempt>/node<N>.json)."""
+
+    node: int
+    host: str
+    exit_code: int
+    ended_at: float | None = None  # when the wrapper saw the trainer exit (None: it started none)
+    ended_by: str | None = None  # why the wrapper ended it itself (node/watch.py: a peer failed, a hang, a stop)
+
+
+def write_node_result(
+    attempt_dir: Path, node: int, host: str, exit_code: int, ended_at: float | None = None, ended_by: str | None = None
+) -> None:
     attempt_dir.mkdir(parents=True, exist_ok=True)  # a node signalled before node 0 published anything made none
-    write_json_atomic(node_result(attempt_dir, node), {"node": node, "host": host, "exit_code": exit_code})
+    result = {"node": node, "host": host, "exit_code": exit_code, "ended_at": ended_at, "ended_by": ended_by}
+    write_json_atomic(node_result(attempt_dir, node), result)
+
+
+def read_node_result(attempt_dir: Path, node: int) -> TrainerEnd | None:
+    """A node's result, or None while there is none (or it is being replaced)."""
+    data = peek_json(node_result(attempt_dir, node)) or {}
+    code, ended_at, ended_by = data.get("exit_code"), data.get("ended_at"), data.get("ended_by")
+    if not isinstance(code, int):
+        return None
+    return TrainerEnd(
+        node,
+        str(data.get("host", "")),
+        code,
+        float(ended_at) if isinstance(ended_at, (int, float)) else None,
+        str(ended_by) if ended_by else None,
+    )
 
 
 def read_node_exit_code(path: Path) -> int | None:

@@ -10,21 +10,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from swiftslurm.engines.base import ProgressSource
-from swiftslurm.engines.hf import HfTrainerEngine
 from swiftslurm.engines.hooks import STACKS_ENV
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node import stacks
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.watch import _Watcher
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir.layout import hang_file, stack_file, stacks_dir
+from swiftslurm.rundir.beat import ProgressWatch, StepBeat
+from swiftslurm.rundir.layout import hang_file, progress_file, stack_file, stacks_dir
 from swiftslurm.signals import DUMP_SIGNAL, SignalLog, catches
 from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import REPO, plan_for
-
-PROGRESS: ProgressSource = HfTrainerEngine.progress
-
 
 RANK = textwrap.dedent(
     """
@@ -71,9 +66,9 @@ def test_a_hung_trainer_is_killed_after_its_window_with_its_stacks(tmp_path: Pat
     watcher = _watcher(plan, trainer, attempt)
     try:
         for step in range(5, 45, 5):
-            with open(trainer.log_path, "a") as log:
-                log.write(f"{{'global_step/max_steps': '{step}/100'}}\n")
-            watcher.tick(1000.0 + step * 0.4)  # every 5 steps in 2 s
+            at = 1000.0 + step * 0.4  # every 5 steps in 2 s
+            StepBeat(progress_file(attempt), lambda at=at: at).step_ended(step, 100)
+            watcher.tick(at)
         watcher.tick(1016.0 + 59.0)  # 59 s after step 40: inside the 60 s floor (5 × 2 s = 10 s)
         assert not watcher.hung
         watcher.tick(1016.0 + 61.0)
@@ -108,7 +103,7 @@ def _plan(tmp_path: Path) -> JobPlan:
 
 
 def _watcher(plan: JobPlan, trainer: Trainer, attempt: Path, node: int = 0) -> _Watcher:
-    watch = ProgressWatch(trainer.log_path, 1000.0, PROGRESS.pattern)
+    watch = ProgressWatch(progress_file(attempt), 1000.0)
     nodes = plan.topology.nodes
     where = SlurmEnv(job_id=None, hosts=(), node_id=node, num_nodes=nodes, proc_id=node, num_tasks=nodes)
     return _Watcher(plan, where, trainer, lambda pid: [], SignalLog(), watch, None, attempt)

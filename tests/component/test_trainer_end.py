@@ -4,7 +4,6 @@ same attempt has failed (not after a collective time-out)."""
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import time
@@ -14,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import commit
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node.launch import Trainer
-from swiftslurm.node.watch import _Watcher
+from swiftslurm.node.watch import PEER_FAILED, _Watcher
+from swiftslurm.rundir.beat import ProgressWatch
 from swiftslurm.rundir.layout import output_dir
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import SlurmEnv
@@ -33,7 +32,7 @@ def watcher(tmp_path: Path) -> Iterator[Callable[[SignalLog, Callable[[], bool]]
         plan = plan_for(f"run_dir={tmp_path}")
         trainer = Trainer([sys.executable, "-c", SHUTTING_DOWN], {}, tmp_path / "node0.log", cwd=tmp_path)
         started.append(trainer)
-        watch = ProgressWatch(tmp_path / "node0.log", time.time(), re.compile(r"(\d+)/(\d+)"))
+        watch = ProgressWatch(tmp_path / "progress.json", time.time())
         where = SlurmEnv.from_environ({})
         return _Watcher(plan, where, trainer, lambda _pid: [], signals, watch, None, tmp_path, peer_failed)
 
@@ -75,7 +74,7 @@ def test_a_checkpoint_committed_before_the_signal_does_not_end_the_trainer(tmp_p
 def test_a_failed_peer_ends_this_nodes_trainer(watcher) -> None:  # type: ignore[no-untyped-def]
     running = watcher(SignalLog(), lambda: True)
     running.tick(time.time())
-    assert running.trainer.poll() == -signal.SIGKILL and running.ended_for_peer
+    assert running.trainer.poll() == -signal.SIGKILL and running.ended_by == PEER_FAILED
 
 
 def test_after_a_stop_signal_a_peer_that_ended_does_not_end_this_trainer(watcher) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from typing import Any
 from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import swift_command
+from swiftslurm.rundir.layout import METRICS
 from swiftslurm.slurm_env import SlurmEnv, rank_env
 from swiftslurm.testing.gpu import (
     REPO,
@@ -94,16 +96,20 @@ def overrides(args: argparse.Namespace, case: Case, run_name: str, save_steps: i
     ]
 
 
+# Megatron-SWIFT's progress line, `"iteration": "K/N"`, which its last rank writes to output/logging.jsonl.
+ITERATION = re.compile(r'"iteration": "(\d+)/(\d+)"')
+
+
 def progress(run_dir: Path, offset: int = 0) -> list[tuple[int, int]]:
-    """(iteration, planned last) of every progress line after byte ``offset`` of the engine's progress file."""
-    path = ENGINE.progress.path(run_dir / "output", Path(os.devnull))
+    """(iteration, planned last) of every progress line after byte ``offset`` of output/logging.jsonl."""
+    path = run_dir / "output" / METRICS
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             text = f.read().decode(errors="replace")
     except FileNotFoundError:
         return []
-    return [(int(k), int(n)) for k, n in ENGINE.progress.pattern.findall(text)]
+    return [(int(k), int(n)) for k, n in ITERATION.findall(text)]
 
 
 def size(path: Path) -> int:

@@ -4,7 +4,6 @@ classified when `scontrol` cannot say the time limit, and when a host is blamed 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from dataclasses import replace
@@ -15,15 +14,15 @@ import pytest
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node import conclude as conclude_mod
 from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
 from swiftslurm.node.decide import Action, Decision, Reason
-from swiftslurm.node.watch import Observed
+from swiftslurm.node.watch import PEER_FAILED, Observed
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import records
-from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, attempt_dir, node_log
+from swiftslurm.rundir.beat import ProgressWatch
+from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, attempt_dir, node_log, node_result, progress_file
 from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
@@ -100,19 +99,26 @@ def conclude(
     results: tuple[int, ...] = (0,),
     restarts: int = 0,
     hang: dict[str, object] | None = None,
+    ended_by: str | None = None,
+    ended_at: float | None = None,
 ) -> Decision:
-    """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result;
-    `restarts`: the restarts in place the allocation has made (5 spends the default budget: a requeue)."""
+    """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result
+        (with `exit_code`; a result written before leaves it); `restarts`: the restarts in place the allocation has
+        made (5 spends the default budget: a requeue); `ended_by`, `ended_at`: why node 0's wrapper ended its trainer,
+    and when it saw it exit (now by default)."""
     plan = a_plan(tmp_path)
     run_dir = Path(plan.run_dir)
     here = attempt_dir(run_dir, ATTEMPT)
     here.mkdir(parents=True, exist_ok=True)
     plan.output_dir.mkdir(exist_ok=True)
+    ended = time.time() if ended_at is None else ended_at
     for node in results:
-        records.write_node_result(here, node, HOSTS[node], exit_code)
+        if not node_result(here, node).is_file():
+            records.write_node_result(here, node, HOSTS[node], exit_code, ended, ended_by if node == 0 else None)
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
-    watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
-    observed = Observed(exit_code, signals or [], hang is not None, watch, time.time() - 3600, hang=hang)
+    watch = ProgressWatch(progress_file(here), time.time())
+    started = time.time() - 3600
+    observed = Observed(exit_code, signals or [], hang is not None, watch, started, ended, ended_by, hang=hang)
     return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
 
 
@@ -286,6 +292,57 @@ def test_a_hung_attempt_restarts_in_place_saying_its_window_and_where_the_stacks
     assert record["hang"] == hang
     assert "no new step for 12 s after step 26 (window 10 s: 5 × p95 of 20 step gaps)" in decision.why
     assert "stacks in /runs/x/logs/77.0/stacks, none from ranks [3] (not started yet, or not answering)" in decision.why
+
+
+# --- issue 25, item 16: the cause is the node whose trainer failed first, whichever node it is ---------------
+
+OOM_ON_NODE_1 = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/opt/conda/lib/python3.11/site-packages/megatron/core/pipeline_parallel/schedules.py", line 401
+[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity of \
+139.72 GiB of which 1.02 GiB is free.
+"""
+
+
+def a_failed_peer(tmp_path: Path, log: str, exited_s_ago: float = 2.0) -> Path:
+    """Node 1 (host node2): its trainer failed by itself (exit 1), ``exited_s_ago``, with ``log``."""
+    here = attempt_dir(tmp_path / "run", ATTEMPT)
+    here.mkdir(parents=True)
+    node_log(here, 1).write_text(log)
+    records.write_node_result(here, 1, HOSTS[1], 1, time.time() - exited_s_ago)
+    return here
+
+
+def test_an_oom_on_another_node_is_the_attempts_cause_not_node_0s_kill(tmp_path: Path, slurm: FakeSlurm) -> None:
+    """The last pipeline stage (node 1) ran out of GPU memory; node 0's wrapper then ended its own trainer
+    (SIGKILL): that was classified as infrastructure and retried, four times."""
+    here = a_failed_peer(tmp_path, OOM_ON_NODE_1)
+    node_log(here, 0).write_text("{'loss': '2.1', 'global_step/max_steps': '3/100'}\n")
+    decision = conclude(tmp_path, exit_code=-9, results=(0, 1), ended_by=PEER_FAILED)
+    assert (decision.reason, decision.action) == (Reason.USER_ERROR, Action.STOP), decision.why
+    assert "node 1 (node2) failed first: torch.OutOfMemoryError: CUDA out of memory" in decision.why
+    assert "does not fit in GPU memory" in decision.why and "SIGKILL" not in decision.why
+    assert recorded(tmp_path)["why"] == decision.why and recorded(tmp_path)["failed_host"] is None
+
+
+def test_a_node_that_only_lost_its_peer_is_a_witness_even_when_it_exits_first(tmp_path: Path, slurm: FakeSlurm) -> None:
+    here = a_failed_peer(tmp_path, OOM_ON_NODE_1, exited_s_ago=1.0)
+    node_log(here, 0).write_text("[rank0]: RuntimeError: Connection closed by peer [10.0.0.2]:29500\n")
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1), ended_at=time.time() - 1.5)  # half a second earlier
+    assert decision.reason is Reason.USER_ERROR and "node 1 (node2) failed first" in decision.why, decision.why
+
+
+def test_node_0s_own_failure_is_named_when_it_came_first(tmp_path: Path, slurm: FakeSlurm) -> None:
+    here = a_failed_peer(tmp_path, "[rank1]: RuntimeError: Connection closed by peer [10.0.0.1]:29500\n")
+    node_log(here, 0).write_text("[rank0]: RuntimeError: NCCL error: unhandled system error, ncclSystemError\n")
+    decision = conclude(tmp_path, exit_code=1, results=(0, 1))
+    assert decision.reason is Reason.INFRA and "node 0 (node1) failed first: RuntimeError: NCCL error" in decision.why
+
+
+def test_old_node_results_without_an_exit_time_still_read(tmp_path: Path) -> None:
+    (tmp_path / "node1.json").write_text('{"node": 1, "host": "node2", "exit_code": 1}')
+    assert records.read_node_result(tmp_path, 1) == records.TrainerEnd(1, "node2", 1)
+    assert records.read_node_result(tmp_path, 2) is None
 
 
 # --- issue 17, item 10: a cancel is not a preemption ------------------------------------------------------------

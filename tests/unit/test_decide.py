@@ -13,16 +13,19 @@ from swiftslurm.node.decide import (
     Budget,
     Decision,
     History,
+    NodeEnd,
     Reason,
     blame,
     classify,
     classify_signal,
     decide,
     exclusions,
+    first_failure,
     history_after,
     history_of,
     node_down,
     own_fault,
+    peer_symptom,
 )
 from swiftslurm.rundir.records import AttemptRecord
 
@@ -187,6 +190,49 @@ def facts(**overrides: object) -> AttemptFacts:
         failed_host=None,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+# --- issue 25, item 16: the attempt's cause is the node whose trainer failed first ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("log", "witness"),
+    [
+        (GLOO_PEER_CLOSED, True),
+        (NCCL_WATCHDOG, True),
+        (NCCL_REMOTE_ERROR, True),
+        (STORE_TIMEOUT, True),  # waiting for a node that never joined
+        (CUDA_OOM, False),
+        (MISSING_DATASET + GLOO_PEER_CLOSED, False),  # its own error came first
+        (ILLEGAL_MEMORY_ACCESS, False),
+        (SIGKILLED, False),
+        ("", False),
+    ],
+)
+def test_a_lost_peer_or_a_collective_timeout_is_a_witness_not_a_cause(log: str, witness: bool) -> None:
+    assert peer_symptom(log) is witness
+
+
+def end(node: int, code: int, at: float | None, log: str = "", by_wrapper: bool = False) -> NodeEnd:
+    return NodeEnd(node, f"gpu-{node}", code, at, by_wrapper, log)
+
+
+@pytest.mark.parametrize(
+    ("ends", "first"),
+    [
+        ([end(0, -9, 100.5, by_wrapper=True), end(1, 1, 100.0, CUDA_OOM)], 1),  # node 0 ended for node 1's sake
+        ([end(0, -9, 99.0, by_wrapper=True), end(1, 1, 100.0, CUDA_OOM)], 1),  # even if its exit came first
+        ([end(0, 1, 100.0, GLOO_PEER_CLOSED), end(1, 1, 100.4, CUDA_OOM)], 1),  # a witness exits first
+        ([end(0, 1, 105.0, MISSING_DATASET), end(1, 1, 100.0, CUDA_OOM)], 1),  # two causes: the earliest
+        ([end(0, 1, 100.0, MISSING_DATASET), end(1, 1, 105.0, CUDA_OOM)], 0),
+        ([end(0, 1, 100.0, NCCL_WATCHDOG), end(1, 1, 101.0, NCCL_WATCHDOG)], 0),  # all witnesses: the earliest
+        ([end(0, 1, None, CUDA_OOM), end(1, 1, 100.0, MISSING_DATASET)], 1),  # a time beats none (old results)
+        ([end(0, 0, 100.0), end(1, -9, 100.0, by_wrapper=True)], None),  # nobody failed by itself
+    ],
+)
+def test_the_first_failure_across_the_nodes(ends: list[NodeEnd], first: int | None) -> None:
+    found = first_failure(ends)
+    assert (found.node if found else None) == first
 
 
 # --- classify_signal ---------------------------------------------------------------------------------------

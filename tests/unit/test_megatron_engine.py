@@ -12,7 +12,6 @@ import pytest
 
 from swiftslurm.ckpt import checkpoint as ck
 from swiftslurm.engines.megatron import MegatronEngine
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import ConfigError
 from tests.conftest import plan_for
@@ -26,41 +25,6 @@ MEGATRON = (
     "task=megatron_sft",
     "strategy=megatron",
 )
-
-
-def logging_lines() -> list[str]:
-    return (DATA / "logging.jsonl").read_text().splitlines(keepends=True)
-
-
-def attempt_split(lines: list[str]) -> int:
-    """Index of attempt 2's first line: after the train_msg line Megatron-SWIFT appends when training ends."""
-    return next(i for i, line in enumerate(lines) if "last_model_checkpoint" in line) + 1
-
-
-def test_progress_is_read_from_logging_jsonl_in_the_shared_output_dir(tmp_path: Path) -> None:
-    # The last rank writes it, which is not on node 0 in a multi-node job: the node log is not the source.
-    assert ENGINE.progress.path(tmp_path / "output", tmp_path / "logs/1/node0.log") == tmp_path / "output/logging.jsonl"
-
-
-def test_progress_pattern_follows_the_real_megatron_log_across_a_requeue(tmp_path: Path) -> None:
-    lines, log = logging_lines(), tmp_path / "logging.jsonl"
-    split = attempt_split(lines)
-    first = ProgressWatch(log, started=0.0, pattern=ENGINE.progress.pattern)
-    log.write_text("".join(lines[:split]))
-    first.poll(now=1.0)
-    assert (first.step, first.max_steps) == (6, 30)  # attempt 1 stopped after saving iteration 6
-
-    second = ProgressWatch(log, started=2.0, pattern=ENGINE.progress.pattern)  # attempt 2 starts: the file exists
-    second.poll(now=3.0)
-    assert second.step is None  # nothing of attempt 1 counts as attempt 2's progress
-    with open(log, "a") as out:
-        out.write(lines[split])
-    second.poll(now=4.0)
-    assert second.step == 7 and second.first_step_at == 4.0  # resumed at the saved iteration + 1
-    with open(log, "a") as out:
-        out.write("".join(lines[split + 1 :]))
-    second.poll(now=5.0)
-    assert (second.step, second.max_steps) == (30, 30)
 
 
 def layout(kind: str) -> list[tuple[str, str]]:

@@ -56,7 +56,7 @@ def test_megatron_recipe_renders_arguments_megatron_sft_accepts(recipe: str) -> 
 def test_megatron_dry_run_shows_the_adapters_choices(recipe: str) -> None:
     report = dry_run_report(plan_for(f"+recipe={recipe}"))
     assert "--mcore_model CKPT --finetune false" in report  # how a resume is expressed
-    assert 'output/logging.jsonl: "iteration": "K/N" (written by the last rank' in report  # where progress is read
+    assert "logs/ATTEMPT/progress.json: global rank 0's heartbeat" in report  # where progress is read
     assert "swiftslurm_megatron_commit" in report
 
 

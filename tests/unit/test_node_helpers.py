@@ -1,4 +1,4 @@
-"""Signal forwarding targets, progress parsing and run records."""
+"""Signal forwarding targets, the training summary and run records."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import json
 import signal
 from pathlib import Path
 
-from swiftslurm.engines.hf import HfTrainerEngine
-from swiftslurm.engines.progress import ProgressWatch, finished_steps
+from swiftslurm.engines.progress import finished_steps
 from swiftslurm.rundir import records
 from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.signals import SignalLog
@@ -19,18 +18,6 @@ def test_signal_handler_only_records() -> None:
         signal.raise_signal(signal.SIGUSR2)
     assert [s for s, _ in log.received] == [signal.SIGUSR2]
     assert log.first(signal.SIGUSR2) is not None
-
-
-def test_progress_watch_reads_steps_from_progress_bar_output(tmp_path: Path) -> None:
-    log = tmp_path / "node0.log"
-    watch = ProgressWatch(log, started=100.0, pattern=HfTrainerEngine.progress.pattern)
-    log.write_text("Train:   2%|  | 1/40 [00:00]\r{'loss': '6.6', 'global_step/max_steps': '1/40', 'x': '1'}\n")
-    watch.poll(now=110.0)
-    assert (watch.step, watch.max_steps, watch.first_step_at) == (1, 40, 110.0)
-    with open(log, "a") as out:
-        out.write("{'loss': '6.5', 'global_step/max_steps': '5/40', 'elapsed_time': '1s'}\n{'loss': '6.4', 'glob")
-    watch.poll(now=120.0)
-    assert watch.step == 5 and watch.stalled_for(150.0) == 30.0
 
 
 def test_finished_steps_come_from_the_training_summary(tmp_path: Path) -> None:

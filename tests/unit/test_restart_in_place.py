@@ -6,7 +6,6 @@ repeats without progress stops the run with "stopped: no progress"."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, commit
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node import attempt, outcome
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir.beat import ProgressWatch
 from swiftslurm.rundir.layout import attempt_dir, output_dir
 from swiftslurm.rundir.records import read_attempts, read_status, write_node_result
 from swiftslurm.slurm_env import SlurmEnv
@@ -59,7 +58,7 @@ def trainer(monkeypatch: pytest.MonkeyPatch) -> Callable[[Script], list[tuple[st
             if step is not None:
                 committed(run_dir, step)
             started = 1.0
-            watch = ProgressWatch(Path("/dev/null"), started, re.compile("(?!)"))
+            watch = ProgressWatch(Path("/dev/null"), started)
             return Observed(code, [], False, watch, started)
 
         monkeypatch.setattr(attempt, "train", fake_train)

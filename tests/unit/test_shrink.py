@@ -15,7 +15,6 @@ import pytest
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import ConfigError, NodeError, SubmitError
 from swiftslurm.node import conclude as conclude_mod
@@ -28,7 +27,8 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.planning import memory_plan
 from swiftslurm.planning.validate import shrunk_shape_refusal
 from swiftslurm.rundir import records
-from swiftslurm.rundir.layout import ATTEMPTS, attempt_dir, node_log
+from swiftslurm.rundir.beat import ProgressWatch
+from swiftslurm.rundir.layout import ATTEMPTS, attempt_dir, progress_file
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation, rank_env
 from tests.conftest import compose_config, plan_for
 
@@ -234,7 +234,7 @@ def conclude_lost(
     plan.output_dir.mkdir()
     for node in (0, 1, 2) if not decide.node_down(states["n2"]) else (0, 1):
         records.write_node_result(here, node, f"n{node}", 1)
-    watch = ProgressWatch(node_log(here, 0), time.time(), re.compile(r"(\d+)/(\d+)"))
+    watch = ProgressWatch(progress_file(here), time.time())
     observed = Observed(1, [], False, watch, time.time() - 3600)
     return conclude_mod.conclude(plan, on(3), run_dir, "77.0", ResumePoint(None, 0), observed)
 

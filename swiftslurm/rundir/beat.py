@@ -1,0 +1,140 @@
+"""The trainer's heartbeat: what global rank 0 is doing, rewritten at every step's end and every pause's edge.
+
+logs/<attempt>/progress.json (the wrapper passes the path in PROGRESS_ENV) holds one small object:
+
+    {"step": 26, "max_steps": 40, "phase": "save", "t": 1767000000.5}
+
+``phase`` is what rank 0 does from ``t`` on: ``step`` (training the next step), or a pause the watchdog must not
+take for a slow step: ``save``, ``eval``, ``epoch`` (the data loader starts over). At a step's end the Trainer's
+flow has decided what follows it, so a save begins with the beat of the step it saves and ends with the next
+beat. Node 0's wrapper (node/watch.py, node/hang.py) follows it; global rank 0 runs on node 0, so the writer's
+and the reader's clocks are one.
+
+One file replaced whole (temp file, rename, no fsync: nothing has to survive a crash), so a step's end costs
+one small create, write and rename; a reader sees the old beat or the new one. Only the standard library and
+rundir's own modules here: every training rank imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
+
+PROGRESS_ENV = "SWIFTSLURM_PROGRESS"  # set by the wrapper (watch.py): where global rank 0 writes its beat
+
+STEP = "step"  # training steps
+SAVE = "save"  # writing a checkpoint, up to the end of the save hook (every rank has written its part)
+EVAL = "eval"  # an evaluation
+EPOCH = "epoch"  # an epoch ended: the data loader starts over; ends with the next step
+PAUSES = (SAVE, EVAL, EPOCH)
+
+
+@dataclass(frozen=True)
+class Beat:
+    step: int  # the newest step done
+    max_steps: int | None  # the planned last step
+    phase: str  # what rank 0 does since ``t``: STEP or one of PAUSES
+    t: float  # when this beat was written (seconds since the epoch)
+
+
+def read_beat(path: Path) -> Beat | None:
+    """The beat in ``path``; None without one, or while it cannot be read just now (being replaced)."""
+    data = peek_json(path) or {}
+    step, total, phase, t = data.get("step"), data.get("max_steps"), data.get("phase"), data.get("t")
+    if not isinstance(step, int) or not isinstance(t, (int, float)) or phase not in (STEP, *PAUSES):
+        return None
+    return Beat(step, total if isinstance(total, int) else None, str(phase), float(t))
+
+
+@dataclass
+class StepBeat:
+    """Global rank 0's writer (``path`` None on every other rank, or without the wrapper: it writes nothing).
+    The pauses that follow a step are kept in the order the training loop runs them; each one's end starts the
+    next, and the last one's the next step. A failed write is reported once and never stops training (the next
+    beat tries again)."""
+
+    path: Path | None
+    clock: Callable[[], float] = time.time
+    step: int = 0
+    max_steps: int | None = None
+    pending: list[str] = field(default_factory=list)  # the pauses still ahead of the next step, in order
+    _warned: bool = False
+
+    @classmethod
+    def from_environ(cls, rank_zero: bool) -> StepBeat:
+        path = os.environ.get(PROGRESS_ENV) if rank_zero else None
+        return cls(Path(path) if path else None)
+
+    def step_ended(self, step: int, max_steps: int | None, follows: Sequence[str] = ()) -> None:
+        """Every step's end: ``follows``, the pauses the loop runs before the next step (in its order)."""
+        self.step, self.max_steps, self.pending = step, max_steps, list(follows)
+        self.write()
+
+    def pausing(self, *kinds: str) -> None:
+        """Pauses begin now (an epoch's end; an evaluation the step's end did not foresee), ahead of any
+        still pending. Nothing is written when they were foreseen: the pause began with the last beat."""
+        pending = [*kinds, *(kind for kind in self.pending if kind not in kinds)]
+        if pending != self.pending:
+            self.pending = pending
+            self.write()
+
+    def pause_ended(self, kind: str) -> None:
+        """A pause of ``kind`` is over: the next pending one begins, or the next step."""
+        if kind in self.pending:
+            self.pending.remove(kind)
+            self.write()
+
+    @property
+    def phase(self) -> str:
+        return self.pending[0] if self.pending else STEP
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        beat = {"step": self.step, "max_steps": self.max_steps, "phase": self.phase, "t": round(self.clock(), 3)}
+        try:
+            write_json_atomic(self.path, beat, durable=False)
+        except OSError as err:
+            if not self._warned:
+                print(f"[swiftslurm] the heartbeat {self.path} cannot be written ({err}); tried again", flush=True)
+                self._warned = True
+
+
+@dataclass
+class ProgressWatch:
+    """The wrapper's view of one trainer run's heartbeat: the newest beat, and the step facts the attempt's
+    record keeps. A beat from before ``started`` is an earlier trainer's (a job id reused) and is ignored."""
+
+    path: Path
+    started: float
+    beat: Beat | None = None
+    first_step_at: float | None = None  # when the first step of this run ended
+    last_change_at: float | None = None  # when the newest step ended
+
+    def poll(self) -> Beat | None:
+        """The beat, when it is new since the last poll; else None."""
+        beat = read_beat(self.path)
+        if beat is None or beat.t < self.started or beat == self.beat:
+            return None
+        if self.beat is None or beat.step != self.beat.step:
+            self.last_change_at = beat.t
+            self.first_step_at = self.first_step_at or beat.t
+        self.beat = beat
+        return beat
+
+    @property
+    def step(self) -> int | None:
+        return self.beat.step if self.beat else None
+
+    @property
+    def max_steps(self) -> int | None:
+        return self.beat.max_steps if self.beat else None
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since rank 0's last beat (since the start while there was none)."""
+        return now - (self.beat.t if self.beat else self.started)

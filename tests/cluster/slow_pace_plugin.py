@@ -1,0 +1,37 @@
+"""ms-swift plugin for tests: `slow_pace` makes every training step take at least STEP_S seconds and every save
+at least SAVE_S more: a 72B run's pace (steps of minutes, saves of tens of minutes) scaled down, on any machine.
+
+Its on_save runs before swiftslurm_commit's (user callbacks come first in `--callbacks`), so the wait is inside
+the save as the heartbeat sees it; its on_step_end before swiftslurm_commit's step beat, so inside the step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from swift.callbacks import TrainerCallback, callbacks_map
+
+STEP_S = 20.0
+SAVE_S = 120.0
+
+
+class SlowPaceCallback(TrainerCallback):
+    def __init__(self, args: Any, trainer: Any) -> None:
+        super().__init__(args, trainer)
+        self._started = time.monotonic()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._started = time.monotonic()
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        time.sleep(max(0.0, STEP_S - (time.monotonic() - self._started)))
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        time.sleep(SAVE_S)
+        return control
+
+
+callbacks_map["slow_pace"] = SlowPaceCallback
