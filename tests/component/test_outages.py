@@ -5,17 +5,16 @@ damaged is set aside and the store's copy restored. The trainer is replaced (tes
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, problems
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.node import attempt
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir.beat import ProgressWatch
 from swiftslurm.rundir.layout import QUARANTINE, UPLOAD_HISTORY, output_dir
 from swiftslurm.rundir.records import read_attempts
 from swiftslurm.slurm_env import SlurmEnv
@@ -47,7 +46,7 @@ def test_a_store_refusing_connections_at_restore_is_retried_and_then_restored_fr
     ) -> Observed:
         runs.append(resume)
         committed(run_dir, LAST_STEP)
-        return Observed(0, [], False, ProgressWatch(Path("/dev/null"), 1.0, re.compile("(?!)")), 1.0)
+        return Observed(0, [], False, ProgressWatch(Path("/dev/null"), 1.0), 1.0)
 
     monkeypatch.setattr(attempt, "train", fake_train)
     with FaultProxy(s3_server.endpoint_url, Faults()) as proxy:

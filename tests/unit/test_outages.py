@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -19,13 +18,13 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import MANIFEST, ResumePoint, commit, is_committed, problems
-from swiftslurm.engines.progress import ProgressWatch
 from swiftslurm.errors import StorageError
 from swiftslurm.node import attempt, outcome
 from swiftslurm.node.requeue import Requeued
 from swiftslurm.node.resume import publish_unrestored
 from swiftslurm.node.watch import Observed
 from swiftslurm.plan import JobPlan, StorageSpec
+from swiftslurm.rundir.beat import ProgressWatch
 from swiftslurm.rundir.jsonio import append_jsonl
 from swiftslurm.rundir.layout import ATTEMPTS, QUARANTINE, UPLOAD_HISTORY, output_dir, resume_file
 from swiftslurm.rundir.records import AttemptRecord, amend_attempt, append_attempt, read_attempts, read_status
@@ -174,7 +173,7 @@ def trainer(monkeypatch: pytest.MonkeyPatch) -> Trainer:
             runs.append(resume)
             if step is not None:
                 committed(run_dir, step)
-            return Observed(code, [], False, ProgressWatch(Path("/dev/null"), 1.0, re.compile("(?!)")), 1.0)
+            return Observed(code, [], False, ProgressWatch(Path("/dev/null"), 1.0), 1.0)
 
         monkeypatch.setattr(attempt, "train", fake_train)
         return runs
