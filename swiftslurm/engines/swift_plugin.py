@@ -36,12 +36,18 @@ class StopCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self._stop.should_stop_now(state.global_step):
-            control.should_save = True
+            # The stop checkpoint first, nothing before it: the Trainer evaluates before it saves, and with
+            # save_strategy=best the evaluation's verdict replaces should_save (a worse metric drops the save).
+            control.should_save, control.should_evaluate = True, False
         # The Trainer's flow callback runs first: these say what follows this step's progress line.
         announce_pause(state.global_step, control.should_save, control.should_evaluate)
         return control
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._stop.stopping:
+            # The Trainer saves and evaluates once more at the end of the epoch it stopped in (epoch strategies):
+            # the stop checkpoint is saved, and a second save of that step would rewrite it under its manifest.
+            control.should_save, control.should_evaluate = False, False
         # The data loader starts over (workers, shuffling), and an epoch strategy saves and evaluates here.
         announce_pause(state.global_step, control.should_save, control.should_evaluate, epoch_end=True)
         return control
