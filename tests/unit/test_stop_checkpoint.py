@@ -74,13 +74,14 @@ def agreed(run_dir: Path, step: int) -> None:
     publish_stop_step(step, {STOP_FILE_ENV: str(stop_step_file(run_dir))})
 
 
-def committed(run_dir: Path, step: int, clock_offset_s: float = 0.0) -> None:
-    """Rank 0 commits checkpoint-``step``; its clock runs ``clock_offset_s`` away from this node's."""
+def committed(run_dir: Path, step: int, node_0_behind_s: float = 0.0) -> None:
+    """Global rank 0 commits checkpoint-``step`` 2 s after the signal, by a clock ``node_0_behind_s`` behind
+    this node's (the manifest's committed_at is node 0's time)."""
     folder = checkpoint_dir(output_dir(run_dir), step)
     folder.mkdir(parents=True)
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
     manifest = commit(folder, world_size=2, swift_version="test")
-    write_json_atomic(folder / MANIFEST, {**manifest, "committed_at": manifest["committed_at"] + clock_offset_s})
+    write_json_atomic(folder / MANIFEST, {**manifest, "committed_at": SIGNALLED + 2 - node_0_behind_s})
 
 
 # --- the stop checkpoint ---------------------------------------------------------------------------------------
@@ -107,7 +108,7 @@ def test_before_the_ranks_agree_on_a_step_no_commit_ends_the_trainer(tmp_path: P
 def test_a_follower_ends_on_the_stop_checkpoint_whatever_node_0s_clock_says(tmp_path: Path) -> None:
     watcher = watching(tmp_path, NODE_1)
     agreed(tmp_path, 12)
-    committed(tmp_path, 12, clock_offset_s=-3600)  # node 0's clock an hour behind this node's
+    committed(tmp_path, 12, node_0_behind_s=3600)
     watcher.tick(SIGNALLED + 5)
     assert killed(watcher)
 

@@ -117,7 +117,7 @@ def test_hf_the_epoch_end_after_the_stop_saves_and_evaluates_no_more(plugin) -> 
     """The Trainer ends the epoch it stopped in with on_epoch_end and one more _maybe_log_save_evaluate, where
     epoch strategies save and evaluate: a second save of the stop step would rewrite the committed checkpoint."""
     swift_plugin = plugin("swift_plugin")
-    args = SimpleNamespace(eval_steps=2, save_strategy="epoch", eval_strategy="epoch")
+    args = SimpleNamespace(eval_steps=10**6, save_strategy="epoch", eval_strategy="epoch")  # none due at steps
     stop, control = swift_plugin.StopCallback(args, trainer=None), hf_control()
     state = SimpleNamespace(global_step=STOP_AT, max_steps=100, is_world_process_zero=True)
     assert hf_step_end(stop, args, state, control, new_best=True) == ["save"]
