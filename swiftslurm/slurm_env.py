@@ -36,6 +36,9 @@ class SlurmEnv:
     proc_id: int
     num_tasks: int
     restart_count: int = 0
+    # SLURM_JOB_END_TIME: the job's end as SLURM projected it at the start (seconds since the epoch; a preemption
+    # later moves the real one earlier, which only `scontrol show job` says); None: not set.
+    end_time: float | None = None
 
     @property
     def in_slurm(self) -> bool:
@@ -55,12 +58,22 @@ class SlurmEnv:
             proc_id=int(env["SLURM_PROCID"]),
             num_tasks=int(env.get("SLURM_NTASKS", "1")),
             restart_count=int(env.get("SLURM_RESTART_COUNT", "0")),
+            end_time=_epoch(env.get("SLURM_JOB_END_TIME")),
         )
 
     @classmethod
     def local(cls, env: Mapping[str, str]) -> SlurmEnv:
         """Not under srun: a single node. submitit's local executor names the job by its PID."""
         return cls(job_id=env.get("SUBMITIT_LOCAL_JOB_ID"), hosts=(), node_id=0, num_nodes=1, proc_id=0, num_tasks=1)
+
+
+def _epoch(value: str | None) -> float | None:
+    """A UNIX timestamp SLURM exported; None when unset, 0 (no end) or not a number."""
+    try:
+        seconds = float(value or 0)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 else None
 
 
 def configured_exclusions(plan: JobPlan) -> list[str]:

@@ -35,6 +35,11 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    """The `checkpoint-N` folder of step ``step``, as the engines name it."""
+    return output_dir / f"checkpoint-{step}"
+
+
 def checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     """All `checkpoint-N` folders, oldest first (a symlink like `last-checkpoint` is not one)."""
     if not output_dir.is_dir():

@@ -116,6 +116,11 @@ class Engine:
         shrink (`resilience.min_nodes`); None: it can. Full replicas (DDP, LoRA) load at any world size."""
         return None
 
+    def rank_zero_share(self, swift_argv: tuple[str, ...]) -> float:
+        """The part of a checkpoint global rank 0 writes alone, for the save estimate (the rest every rank writes
+        a share of). Default: none, each rank writes its own shards."""
+        return 0.0
+
     def resume_form(self) -> str:
         """How a resume is expressed, for people (the dry run)."""
         return " ".join(self.resume_args(Path("CKPT"), ()))

@@ -37,6 +37,9 @@ _BREAKS_RESUME = {
         "(full) or swift.adapters=[/abs/path/checkpoint-N] (LoRA)",
     ),
 }
+# Of a checkpoint's bytes, the 16-bit weights: 2 of the 14 a parameter takes with fp32 Adam state and master
+# weights (planning/make.py, CHECKPOINT_GB_PER_B_PARAMS); LoRA's trainable parameters the same.
+WEIGHTS_SHARE = 2 / 14
 
 
 class HfTrainerEngine(Engine):
@@ -114,6 +117,16 @@ class HfTrainerEngine(Engine):
                 "(docs/resilience.md, 'Resume on fewer nodes')."
             )
         return None
+
+    def rank_zero_share(self, swift_argv: tuple[str, ...]) -> float:
+        # The Trainer saves the model from global rank 0 alone: ZeRO-1/2 hold it whole on every rank, ZeRO-3
+        # gathers the 16-bit weights to rank 0 to save them (stage3_gather_16bit_weights_on_model_save, set
+        # in ms-swift's zero3 presets); ZeRO's optimizer state is one file per rank. Without ZeRO (DDP, zero0)
+        # rank 0 saves the optimizer state too. FSDP2 saves a sharded state dict: every rank its part.
+        deepspeed = argv_value(swift_argv, "deepspeed")
+        if argv_value(swift_argv, "fsdp"):
+            return 0.0
+        return WEIGHTS_SHARE if deepspeed and deepspeed != "zero0" else 1.0
 
     def resume_args(self, checkpoint: Path, swift_argv: tuple[str, ...]) -> tuple[str, ...]:
         return ("--resume_from_checkpoint", str(checkpoint))

@@ -1,15 +1,16 @@
 """What the engines' plugins share, run inside every training rank: the stop request and the commit.
 
-`StopRequest` installs the stop-signal handler (it only records) and the vote that makes every rank stop at
-the same step (stop_vote.py). `Committer`, after each save, meets every rank at a barrier (so all shards,
-optimizer and RNG states are written), then the ranks checksum the files together (shared_commit.py) and global
-rank 0 writes the manifest last, in a background thread so training goes on meanwhile; a save waits for the
-previous commit, so at most one is in flight. The thread is not a daemon: a process that exits
-normally finishes its commit first; one that is killed leaves the checkpoint uncommitted, which is exactly
-what it is. Without object storage, retention (`keep_checkpoints`) is applied here after a commit, so the
-newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's lease; with
-storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then passes 0).
-The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
+`StopRequest` installs the stop-signal handler (it only records) and the vote that makes every rank stop at the
+same step (stop_vote.py); global rank 0 publishes that step (STOP_FILE_ENV), and each node's wrapper ends its
+trainer once that checkpoint, and no other, is committed. `Committer`, after each save, meets every rank at a
+barrier (so all shards, optimizer and RNG states are written), then the ranks checksum the files together
+(shared_commit.py) and global rank 0 writes the manifest last, in a background thread so training goes on
+meanwhile; a save waits for the previous commit, so at most one is in flight. The thread is not a daemon: a
+process that exits normally finishes its commit first; one that is killed leaves the checkpoint uncommitted,
+which is exactly what it is. Without object storage, retention (`keep_checkpoints`) is applied here after a
+commit, so the newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's
+lease; with storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then
+passes 0). The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
 
 For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its stack dump at import
 (`register_stack_dump`), and global rank 0 writes the heartbeat the wrapper follows (rundir/beat.py): each
@@ -34,6 +35,7 @@ from swiftslurm.ckpt import checkpoint, shared_commit
 from swiftslurm.engines.stop_vote import StopVote
 from swiftslurm.rundir import lease
 from swiftslurm.rundir.beat import EPOCH, EVAL, SAVE, StepBeat
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import stack_file
 from swiftslurm.rundir.timeline import COMMITTED, TRAIN_BEGIN, TRAIN_END, TimelineWriter
 from swiftslurm.signals import RANK_STOP_SIGNALS, SAVE_SIGNAL, dump_stacks_on_signal, ignore_from_now_on, install
@@ -42,6 +44,7 @@ KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
 TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: retention runs only while its lease holds
 IDENTITY_ENV = "SWIFTSLURM_PLAN_IDENTITY"  # set by the wrapper from the plan, written into each manifest
 STACKS_ENV = "SWIFTSLURM_STACKS_DIR"  # set by the wrapper: where each rank writes its stacks on DUMP_SIGNAL
+STOP_FILE_ENV = "SWIFTSLURM_STOP_FILE"  # set by the wrapper: where global rank 0 publishes the agreed stop step
 _stacks: IO[str] | None = None  # this rank's stack file, open for as long as the process lives
 
 
@@ -105,6 +108,8 @@ class StopRequest:
         if self.vote.step_end(self.requested) and not self.stopping:
             print(f"[swiftslurm] stop signal: saving step {step} and stopping", flush=True)
             self.stopping = True
+            if is_global_rank_zero():
+                publish_stop_step(step)
             return True
         return False
 
@@ -112,6 +117,25 @@ class StopRequest:
         self.vote.finish()
         if print_cost and (cost := self.vote.cost_line()):
             print(cost, flush=True)
+
+
+def publish_stop_step(step: int, environ: Mapping[str, str] = os.environ) -> None:
+    """Global rank 0, once every rank agreed to stop at ``step``: say so in STOP_FILE_ENV's file, before the
+    save begins. Each node's wrapper ends its trainer on the manifest of that step's checkpoint only: the
+    commit of an earlier save can land after the signal, while the stop checkpoint is still being written.
+    A failed write is reported and training goes on (the wrapper then waits for the trainer's own exit)."""
+    if not (path := environ.get(STOP_FILE_ENV)):
+        return
+    try:
+        write_json_atomic(Path(path), {"step": step}, durable=False)
+    except OSError as err:
+        print(f"[swiftslurm] the stop step cannot be published in {path} ({err})", flush=True)
+
+
+def agreed_stop_step(path: Path) -> int | None:
+    """The step global rank 0 published with `publish_stop_step` (None: none yet)."""
+    step = (peek_json(path) or {}).get("step")
+    return step if isinstance(step, int) else None
 
 
 class Committer:

@@ -29,6 +29,7 @@ class MegatronStopCallback(MegatronCallback):
     def __init__(self, trainer: Any) -> None:
         super().__init__(trainer)
         self._stop = StopRequest()
+        self._eval_iters: int | None = None  # the planned eval_iters, while the stop iteration is saved
 
     def on_train_begin(self) -> None:
         self._stop.vote.join()
@@ -36,12 +37,18 @@ class MegatronStopCallback(MegatronCallback):
     def on_step_end(self) -> None:
         if self._stop.should_stop_now(self.state.iteration):
             self.state.should_save = True  # the trainer saves after this step's logging, then calls on_save
+            # The stop checkpoint first: Megatron evaluates before it saves, and its default_flow callback, which
+            # runs after this one, asks for the evaluation by eval_iters; 0 until the save is done.
+            self._eval_iters, self.args.eval_iters = self.args.eval_iters, 0
+            self.state.should_eval = False
 
     def on_save(self, output_dir: str) -> None:
         if self._stop.stopping:
             # The trainer loops `while iteration < train_iters`: ending it here is the one clean exit it has.
             # The commit hook read the planned last step at train begin, so the manifest keeps the real one.
             self.args.train_iters = self.state.iteration
+            if self._eval_iters is not None:
+                self.args.eval_iters, self._eval_iters = self._eval_iters, None
 
     def on_train_end(self) -> None:
         self._stop.finish(print_cost=is_global_rank_zero())

@@ -38,7 +38,16 @@ class StopCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self._stop.should_stop_now(state.global_step):
-            control.should_save = True
+            # The stop checkpoint first, nothing before it: the Trainer evaluates before it saves, and with
+            # save_strategy=best the evaluation's verdict replaces should_save (a worse metric drops the save).
+            control.should_save, control.should_evaluate = True, False
+        return control
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._stop.stopping:
+            # The Trainer saves and evaluates once more at the end of the epoch it stopped in (epoch strategies):
+            # the stop checkpoint is saved, and a second save of that step would rewrite it under its manifest.
+            control.should_save, control.should_evaluate = False, False
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

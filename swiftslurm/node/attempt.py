@@ -35,7 +35,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
@@ -49,6 +49,7 @@ from swiftslurm.node.conclude import (
     record_requeue_failure,
     stop_after_preflight,
 )
+from swiftslurm.node.deadline import KILL_MARGIN_S
 from swiftslurm.node.heartbeat import LeaderBeat
 from swiftslurm.node.requeue import requeue
 from swiftslurm.node.resume import Interrupted, Unrestored, agree_on_resume, publish_failure, publish_signalled
@@ -62,8 +63,6 @@ from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
-
-KILL_MARGIN_S = 30.0  # uploads before a requeue stop this long before SLURM's end time
 
 
 class Phase(enum.Enum):
@@ -244,7 +243,8 @@ def _train(a: Attempt) -> Phase:
     assert a.resume is not None
     token = a.lease.token if a.lease else None
     peer = _PeerFailed(attempt_dir(a.run_dir, a.id), a.where)
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed)
+    ends = partial(job_times, a.where)  # node 0 asks when a stop signal comes (the save's deadline)
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, ends)
     return _trained(a, a.resume, a.observed)
 
 

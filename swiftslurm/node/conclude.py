@@ -429,5 +429,6 @@ def _record(
         delay_s=decision.delay_s,
         exclude_hosts=tuple(decision.exclude_hosts),
         hang=observed.hang,
+        stop=observed.stop,
         keep_keys=CONCLUDED_KEYS,
     )

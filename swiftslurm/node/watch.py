@@ -1,7 +1,8 @@
-"""Run the trainer once and watch it: forward stop signals to its workers, kill it when it hangs (after every
-rank dumped its stacks: stacks.py) or outlives its save, and hand each newly committed checkpoint to the
-background uploader (leader). Progress is global rank 0's heartbeat (rundir/beat.py); when the run is hung is
-node/hang.py's: a window learned from its own pace."""
+"""Run the trainer once and watch it: forward stop signals to its workers, end it once the checkpoint of the
+stop step they agreed on is committed, kill it when it hangs (after every rank dumped its stacks: stacks.py) or
+outlives its save (node/deadline.py says when), and hand each newly committed checkpoint to the background
+uploader (leader). Progress is global rank 0's heartbeat (rundir/beat.py); when the run is hung is node/hang.py's:
+a window learned from its own pace."""
 
 from __future__ import annotations
 
@@ -9,23 +10,34 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.ckpt.checkpoint import ResumePoint, newest_committed, read_manifest
-from swiftslurm.engines.hooks import STACKS_ENV
+from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_dir, is_committed
+from swiftslurm.engines.hooks import STACKS_ENV, STOP_FILE_ENV, agreed_stop_step
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.node import stacks
+from swiftslurm.node.deadline import EndTimes, SaveDeadline, earliest, save_deadline
 from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
 from swiftslurm.rundir.beat import PROGRESS_ENV, STEP, ProgressWatch
-from swiftslurm.rundir.layout import attempt_dir, node_log, progress_file, stacks_dir, trainer_timeline
+from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
+from swiftslurm.rundir.layout import (
+    attempt_dir,
+    node_log,
+    progress_file,
+    save_deadline_file,
+    stacks_dir,
+    stop_step_file,
+    trainer_timeline,
+)
 from swiftslurm.rundir.lease import TOKEN_ENV
 from swiftslurm.rundir.timeline import TIMELINE_ENV
 from swiftslurm.signals import SAVE_SIGNAL, SignalLog
+from swiftslurm.slurm import JobTimes
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, rank_env
 from swiftslurm.storage.sync import NodeSync
 
@@ -35,6 +47,12 @@ REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the si
 PEER_FAILED = "peer_failed"  # another node's trainer failed
 HUNG = "hung"  # the run was found hung (node 0's watchdog)
 STOP_SAVED = "stop_saved"  # the checkpoint a stop signal asked for is committed, or its save overran its lead
+# SLURM's end of this job and why it is unknown (conclude.job_times): asked by node 0 when a stop signal comes.
+AskEndTimes = Callable[[], tuple[JobTimes | None, str | None]]
+
+
+def no_end_times() -> tuple[JobTimes | None, str | None]:
+    return None, None
 
 
 @dataclass
@@ -50,6 +68,7 @@ class Observed:
     ended_by: str | None = None  # why this node's wrapper ended the trainer (PEER_FAILED, HUNG, STOP_SAVED)
     hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
     unrestored: str | None = None  # no trainer started: why the object store could not be restored from
+    stop: dict[str, Any] | None = None  # after a stop signal: the agreed step and the save deadline (_Watcher)
 
     @property
     def peer_failed(self) -> bool:
@@ -80,6 +99,7 @@ def trainer_env(
         **({TOKEN_ENV: str(lease_token)} if lease_token is not None else {}),
         **({STACKS_ENV: str(stacks_dir(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
         **({PROGRESS_ENV: str(progress_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
+        **({STOP_FILE_ENV: str(stop_step_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
     }
 
 
@@ -99,11 +119,12 @@ def train(
     signals: SignalLog,
     lease_token: int | None = None,
     peer_failed: Callable[[], bool] = lambda: False,
+    end_times: AskEndTimes = no_end_times,
 ) -> Observed:
     """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers and end
-    it once the checkpoint they asked for is committed; end it when ``peer_failed()`` (another node's trainer
-    failed); the leader kills it if it hangs and hands each newly committed checkpoint to the background
-    uploader."""
+    it once the checkpoint they asked for is committed, or at the save's deadline (node 0 asks ``end_times``
+    when the signal comes); end it when ``peer_failed()`` (another node's trainer failed); the leader kills it
+    if it hangs and hands each newly committed checkpoint to the background uploader."""
     engine = engine_for(plan.launcher)
     shape = AttemptShape.of(where, plan)
     extra = resume_args(plan, shape, resume)
@@ -117,11 +138,13 @@ def train(
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
     trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
     watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed)
+    watcher.end_times = end_times
     code, ended = watcher.until_exit(), time.time()
     stacks.tidy(log_path.parent, node_ranks(plan, where))
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
-    return Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by, watcher.hang)
+    observed = Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by)
+    return replace(observed, hang=watcher.hang, stop=watcher.stop_record())
 
 
 def resume_args(plan: JobPlan, shape: AttemptShape, resume: ResumePoint) -> tuple[str, ...]:
@@ -160,6 +183,10 @@ class _Watcher:
     gaps: StepGaps = field(default_factory=StepGaps)
     hang: dict[str, Any] | None = None
     dumped: bool = False  # this node's ranks were asked for their stacks
+    end_times: AskEndTimes = no_end_times  # node 0: SLURM's end of the job, asked when a stop signal comes
+    stop_step: int | None = None  # the step every rank agreed to save and stop at (global rank 0's stop.json)
+    deadline: SaveDeadline | None = None  # when a trainer still running after the stop signals is killed
+    deadline_signals: int = 0  # how many of the signals the deadline has taken into account
 
     def until_exit(self) -> int:
         while (code := self.trainer.poll()) is None:
@@ -180,7 +207,7 @@ class _Watcher:
 
     def forward_stop(self, now: float) -> None:
         received = self.signals.received
-        if received and now - self.forwarded_at >= REFORWARD_S and not _saved_since(self.plan, received[0][1]):
+        if received and now - self.forwarded_at >= REFORWARD_S and not self.stop_committed():
             # Whatever stop signal came (USR2 from SLURM, TERM from scancel), the workers get USR2: it
             # makes them save and exit, and torchrun ignores it (TERM would make it SIGKILL them 30 s on).
             # Re-sent until a checkpoint is committed, but only to processes that handle it and have not
@@ -229,20 +256,89 @@ class _Watcher:
         return {"stacks": str(stacks_dir(self.attempt_dir)), "stacks_missing": missing}
 
     def kill_if_save_overdue(self, now: float) -> None:
-        received = self.signals.received
-        if received and now - received[0][1] > self.plan.resilience.signal_lead_s:
-            # The save had its whole lead time; something (e.g. torchrun's exit barrier waiting for a
-            # peer that is gone) keeps the trainer alive: end it rather than hold the allocation.
+        if self.signals.received and now > (deadline := self.save_deadline(now)).at:
+            # The save had all the time there is; something (e.g. torchrun's exit barrier waiting for a peer
+            # that is gone) keeps the trainer alive: end it while node 0 can still record and requeue.
+            print(
+                f"[swiftslurm] no stop checkpoint by the save deadline ({deadline.basis}): killing the trainer",
+                flush=True,
+            )
             self.end(STOP_SAVED)
 
-    def end_once_saved(self) -> None:
+    def save_deadline(self, now: float) -> SaveDeadline:
+        """Node 0 works it out from SLURM's end time, read again at each new signal (a preemption moves it to
+        the end of the grace time), and publishes it: every node kills at the same moment. Until its word is
+        there, or when node 0 is gone, a node goes by its own signals and SLURM_JOB_END_TIME."""
         received = self.signals.received
-        if received and _saved_since(self.plan, received[0][1]):
-            # The checkpoint the stop signal asked for is committed (its manifest is written last): all the
-            # next attempt needs. ms-swift's and torchrun's shutdown after it took 5-60 s (docs/resilience.md,
-            # "Measured"), time taken from the requeue; nothing of it is kept.
-            print("[swiftslurm] the stop checkpoint is committed: ending the trainer", flush=True)
+        if len(received) > self.deadline_signals:
+            ends = self.ask_end_times() if self.where.node_id == 0 else self.exported_end_times()
+            for _, signalled_at in received[self.deadline_signals :]:
+                self.deadline = earliest(
+                    self.deadline, save_deadline(signalled_at, self.plan.resilience.signal_lead_s, ends)
+                )
+            self.deadline_signals = len(received)
+            if self.where.node_id == 0:
+                self.publish_deadline(now)
+        if self.where.node_id != 0 and (
+            word := SaveDeadline.from_dict(peek_json(save_deadline_file(self.attempt_dir)) or {})
+        ):
+            self.deadline = word
+        assert self.deadline is not None
+        return self.deadline
+
+    def ask_end_times(self) -> EndTimes:
+        times, unknown = self.end_times()
+        if times is not None:
+            return EndTimes(times.kill_at, times.limit_ends, "scontrol")
+        if unknown:
+            print(f"[swiftslurm] after a stop signal, {unknown}", flush=True)
+        return self.exported_end_times()
+
+    def exported_end_times(self) -> EndTimes:
+        end = self.where.end_time  # the time limit's end as SLURM projected it at the start
+        return EndTimes(end, end, "SLURM_JOB_END_TIME") if end is not None else EndTimes(None, None, None)
+
+    def publish_deadline(self, now: float) -> None:
+        assert self.deadline is not None
+        d = self.deadline
+        basis = f"SLURM ends the job in {d.kill_at - now:.0f} s" if d.kill_at is not None else "no end time known"
+        print(
+            f"[swiftslurm] stop signal: a trainer still running in {d.at - now:.0f} s is killed ({d.basis}; {basis})",
+            flush=True,
+        )
+        try:
+            write_json_atomic(save_deadline_file(self.attempt_dir), d.as_dict(), durable=False)
+        except OSError as err:
+            print(
+                f"[swiftslurm] the save deadline cannot be published ({err}): the other nodes keep their own",
+                flush=True,
+            )
+
+    def stop_committed(self) -> bool:
+        """Whether the checkpoint of the agreed stop step is committed (its manifest is written last). That step
+        only: an earlier save's commit runs in the background and may land after the signal, while the stop
+        checkpoint is still being written; and steps, unlike node 0's commit time, mean the same on every node."""
+        if self.stop_step is None:
+            self.stop_step = agreed_stop_step(stop_step_file(self.attempt_dir))
+        return self.stop_step is not None and is_committed(checkpoint_dir(self.plan.output_dir, self.stop_step))
+
+    def end_once_saved(self) -> None:
+        if self.signals.received and self.stop_committed():
+            # The checkpoint the stop signal asked for is committed: all the next attempt needs. ms-swift's and
+            # torchrun's shutdown after it took 5-60 s (docs/resilience.md, "Measured"), time taken from the
+            # requeue; nothing of it is kept.
+            print(
+                f"[swiftslurm] the stop checkpoint (step {self.stop_step}) is committed: ending the trainer", flush=True
+            )
             self.end(STOP_SAVED)
+
+    def stop_record(self) -> dict[str, Any] | None:
+        """For the attempt's record: the agreed stop step (None: none was agreed) and the deadline."""
+        if not self.signals.received:
+            return None
+        if self.stop_step is None:
+            self.stop_step = agreed_stop_step(stop_step_file(self.attempt_dir))
+        return {"step": self.stop_step, **({"deadline": self.deadline.as_dict()} if self.deadline else {})}
 
     def end_if_peer_failed(self) -> None:
         # Not after a stop signal: then peers end on their own after their part of the save, and this node's
@@ -272,13 +368,6 @@ def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:
 def _own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # this process only, not the trainer (a child)
     return usage.ru_utime + usage.ru_stime
-
-
-def _saved_since(plan: JobPlan, since: float) -> bool:
-    """Whether a checkpoint was committed after ``since`` (the save the stop signal asked for)."""
-    newest, _ = newest_committed(plan.output_dir)
-    manifest = read_manifest(newest) if newest else None
-    return bool(manifest and manifest.get("committed_at", 0) >= since)
 
 
 def hang_line(hang: dict[str, Any]) -> str:

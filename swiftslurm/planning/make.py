@@ -112,10 +112,14 @@ SAVE_WRITE_GBPS_PER_NODE = 0.33
 COMMIT_GBPS_PER_NODE = 0.58
 
 
-def save_seconds(params_b: float, tuner_type: str, nodes: int) -> float:
-    """Estimated seconds from the save's start to the manifest: each node writes and hashes its share."""
-    per_node_gb = min_free_gb(params_b, tuner_type) / nodes
-    return per_node_gb / SAVE_WRITE_GBPS_PER_NODE + per_node_gb / COMMIT_GBPS_PER_NODE
+def save_seconds(params_b: float, tuner_type: str, nodes: int, rank_zero_share: float) -> float:
+    """Estimated seconds from the save's start to the manifest, on node 0 (the slowest): it writes its share of
+    what every rank writes plus all of what global rank 0 writes alone (``rank_zero_share`` of the checkpoint:
+    the engine adapter's), and every node hashes its share of the whole (shared_commit.py splits all files)."""
+    total_gb = min_free_gb(params_b, tuner_type)
+    rank_zero_gb = total_gb * rank_zero_share
+    node_zero_gb = (total_gb - rank_zero_gb) / nodes + rank_zero_gb
+    return node_zero_gb / SAVE_WRITE_GBPS_PER_NODE + total_gb / nodes / COMMIT_GBPS_PER_NODE
 
 
 def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
@@ -124,7 +128,8 @@ def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
     if plan.slurm is None or not cfg.model.params_b:
         return None
     lead, tuner = plan.resilience.signal_lead_s, cfg.strategy.tuner_type
-    need = save_seconds(cfg.model.params_b, tuner, plan.topology.nodes)
+    rank_zero = engine_for_strategy(cfg.strategy.engine).rank_zero_share(plan.swift_argv)
+    need = save_seconds(cfg.model.params_b, tuner, plan.topology.nodes, rank_zero)
     if need <= lead:
         return None
     enough = int(-(-need * 1.5 // 60) * 60)  # the estimate plus half for the step in progress, whole minutes
@@ -133,9 +138,11 @@ def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
         if enough < plan.slurm.time_min * 60
         else f"spread the run over more nodes or train LoRA: cluster.time={plan.slurm.time} is too short to save it"
     )
+    size_gb = min_free_gb(cfg.model.params_b, tuner)
+    alone = f", ~{size_gb * rank_zero:.0f} GB of it by rank 0 alone" if rank_zero and plan.topology.nodes > 1 else ""
     return (
         f"warning: a {tuner} checkpoint of {cfg.model.name} ({cfg.model.params_b:g}B parameters, "
-        f"~{min_free_gb(cfg.model.params_b, tuner):.0f} GB over {plan.topology.nodes} node(s)) takes ~{need:.0f} s "
+        f"~{size_gb:.0f} GB over {plan.topology.nodes} node(s){alone}) takes ~{need:.0f} s "
         f"to save and commit, more than cluster.signal_lead_s={lead}: the job may end before it is committed. "
         f"HINT: {fix}."
     )

@@ -23,7 +23,9 @@
                          trainer.jsonl (global rank 0's timeline: loop begun, saves, commits, loop ended;
                          rundir/timeline.py), progress.json (global rank 0's heartbeat: the step, and
                          whether it trains, saves or evaluates; rundir/beat.py), outcome.json (node 0's
-                         word: restart in place, or end)
+                         word: restart in place, or end), stop.json (global rank 0: the step every rank
+                         agreed to save and stop at), save_deadline.json (node 0: when a trainer still
+                         running after a stop signal is killed, and from what: node/deadline.py)
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
@@ -66,6 +68,8 @@ LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it doe
 LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (rundir/lease.py)
 LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
 HANG = "hang.json"  # in logs/<attempt>/: node 0 found the run hung; every node dumps its ranks' stacks
+STOP_STEP = "stop.json"  # in logs/<attempt>/: global rank 0's agreed stop step; every node waits for its commit
+SAVE_DEADLINE = "save_deadline.json"  # in logs/<attempt>/: node 0's kill time for a trainer after a stop signal
 STACKS = "stacks"  # in logs/<attempt>/: one file per rank, written by the rank itself (faulthandler)
 STACK_FILE = "rank{rank}.txt"  # in logs/<attempt>/stacks/
 PREFLIGHT = "preflight"
@@ -128,6 +132,14 @@ def node_result(attempt_dir: Path, node: int) -> Path:
 
 def hang_file(attempt_dir: Path) -> Path:
     return attempt_dir / HANG
+
+
+def stop_step_file(attempt_dir: Path) -> Path:
+    return attempt_dir / STOP_STEP
+
+
+def save_deadline_file(attempt_dir: Path) -> Path:
+    return attempt_dir / SAVE_DEADLINE
 
 
 def stacks_dir(attempt_dir: Path) -> Path:

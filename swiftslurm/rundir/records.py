@@ -60,6 +60,7 @@ class AttemptRecord:
     failed_host_evidence: str | None = None
     end_time_error: str | None = None
     hang: dict[str, Any] | None = None
+    stop: dict[str, Any] | None = None  # after a stop signal: the agreed stop step, the save deadline (watch.py)
     phases: dict[str, float] | None = None  # phase name -> when the attempt entered it (attempt.py)
     nodes: int | None = None  # the attempt's node count, for a run that may shrink
     next_nodes: int | None = None  # the node count the next attempt asks for

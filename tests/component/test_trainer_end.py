@@ -1,6 +1,6 @@
 """watch.py ends the trainer as soon as there is nothing left to wait for: once the checkpoint a stop signal
-asked for is committed (not after ms-swift's and torchrun's shutdown), and once another node's trainer of the
-same attempt has failed (not after a collective time-out)."""
+asked for (of the step the ranks agreed on) is committed (not after ms-swift's and torchrun's shutdown), and once
+another node's trainer of the same attempt has failed (not after a collective time-out)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import commit
+from swiftslurm.engines.hooks import STOP_FILE_ENV, publish_stop_step
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.watch import PEER_FAILED, _Watcher
 from swiftslurm.rundir.beat import ProgressWatch
-from swiftslurm.rundir.layout import output_dir
+from swiftslurm.rundir.layout import output_dir, stop_step_file
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
@@ -48,6 +49,11 @@ def committed_now(run_dir: Path, step: int) -> None:
     commit(folder, world_size=2, swift_version="test")
 
 
+def agreed(run_dir: Path, step: int) -> None:
+    """Global rank 0 publishes the step every rank agreed to save."""
+    publish_stop_step(step, {STOP_FILE_ENV: str(stop_step_file(run_dir))})
+
+
 def stop_signal() -> SignalLog:
     signals = SignalLog()
     signals.record(signal.SIGUSR2)
@@ -58,7 +64,21 @@ def test_the_trainer_ends_once_the_stop_checkpoint_is_committed(tmp_path: Path, 
     running = watcher(stop_signal(), lambda: False)
     running.tick(time.time())
     assert running.trainer.poll() is None  # saving: nothing committed since the signal yet
+    agreed(tmp_path, 10)
     committed_now(tmp_path, 10)
+    running.tick(time.time())
+    assert running.trainer.poll() == -signal.SIGKILL
+
+
+def test_an_earlier_checkpoint_committed_after_the_signal_does_not_end_the_trainer(tmp_path: Path, watcher) -> None:  # type: ignore[no-untyped-def]
+    """The previous save's commit runs in the background and can land after the signal: killing the trainer
+    then would lose the stop checkpoint its ranks are still writing."""
+    running = watcher(stop_signal(), lambda: False)
+    agreed(tmp_path, 12)
+    committed_now(tmp_path, 10)
+    running.tick(time.time())
+    assert running.trainer.poll() is None
+    committed_now(tmp_path, 12)
     running.tick(time.time())
     assert running.trainer.poll() == -signal.SIGKILL
 

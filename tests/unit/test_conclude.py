@@ -101,6 +101,7 @@ def conclude(
     hang: dict[str, object] | None = None,
     ended_by: str | None = None,
     ended_at: float | None = None,
+    stop: dict[str, object] | None = None,
 ) -> Decision:
     """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result
         (with `exit_code`; a result written before leaves it); `restarts`: the restarts in place the allocation has
@@ -118,7 +119,9 @@ def conclude(
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     watch = ProgressWatch(progress_file(here), time.time())
     started = time.time() - 3600
-    observed = Observed(exit_code, signals or [], hang is not None, watch, started, ended, ended_by, hang=hang)
+    observed = Observed(
+        exit_code, signals or [], hang is not None, watch, started, ended, ended_by, hang=hang, stop=stop
+    )
     return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
 
 
@@ -163,6 +166,12 @@ def test_a_time_limit_read_on_a_second_try_still_classifies_the_signal(tmp_path:
     decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
     assert (decision.reason.value, decision.action) == ("timed_out", Action.REQUEUE)
     assert recorded(tmp_path)["end_time_error"] is None
+
+
+def test_the_record_says_which_step_was_agreed_and_which_deadline_was_used(tmp_path: Path, slurm: FakeSlurm) -> None:
+    deadline = {"at": 1030.0, "basis": "slurm_end_time", "kill_at": 1060.0, "source": "scontrol"}
+    conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())], stop={"step": 12, "deadline": deadline})
+    assert recorded(tmp_path)["stop"] == {"step": 12, "deadline": deadline}
 
 
 # --- 8. blame needs positive evidence; exclusions expire and never make the job unschedulable -----------------

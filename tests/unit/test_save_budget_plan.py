@@ -5,6 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from swiftslurm.engines.base import Engine
+from swiftslurm.engines.hf import HfTrainerEngine
+from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.planning.make import PlanContext, make_plan, save_budget_warning, save_seconds
 from tests.conftest import FIXED_CACHE, FIXED_PYTHON, compose_config
 
@@ -59,4 +64,31 @@ def test_a_time_limit_too_short_for_any_lead_says_so() -> None:
 
 
 def test_more_nodes_share_the_save() -> None:
-    assert save_seconds(72.7, "full", nodes=4) == save_seconds(72.7, "full", nodes=2) / 2
+    assert (
+        save_seconds(72.7, "full", nodes=4, rank_zero_share=0.0)
+        == save_seconds(72.7, "full", nodes=2, rank_zero_share=0.0) / 2
+    )
+
+
+def test_the_weights_rank_0_writes_alone_are_not_shared_by_more_nodes() -> None:
+    """ZeRO-3 gathers the 16-bit weights (145 GB of 72.7B parameters) to global rank 0, which writes them alone: on
+    64 nodes each node's share of the rest is small, but node 0 still writes all of those."""
+    warning = warning_for(*FULL_72B, "cluster.nodes=64")
+    assert warning is not None and "~145 GB of it by rank 0 alone" in warning, warning
+    raised = re.search(r"HINT: set (cluster\.signal_lead_s=\d+)", warning)
+    assert raised and warning_for(*FULL_72B, "cluster.nodes=64", raised.group(1)) is None, warning
+
+
+@pytest.mark.parametrize(
+    ("engine", "argv", "share"),
+    [
+        (HfTrainerEngine(), ("--deepspeed", "zero3"), 2 / 14),  # the gathered 16-bit weights
+        (HfTrainerEngine(), ("--deepspeed", "zero2"), 2 / 14),  # the model, whole on every rank
+        (HfTrainerEngine(), ("--deepspeed", "zero0"), 1.0),  # nothing sharded
+        (HfTrainerEngine(), (), 1.0),  # DDP: model and optimizer state
+        (HfTrainerEngine(), ("--fsdp", "fsdp2"), 0.0),  # a sharded state dict
+        (MegatronEngine(), ("--tuner_type", "full"), 0.0),  # a distributed checkpoint
+    ],
+)
+def test_what_rank_0_writes_alone_follows_the_strategy(engine: Engine, argv: tuple[str, ...], share: float) -> None:
+    assert engine.rank_zero_share(argv) == share
