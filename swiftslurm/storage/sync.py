@@ -126,6 +126,7 @@ class NodeSync:
             "url": self.spec.url,
             "remote": self.uploader.remote(),
             "pending": [checkpoint_step(p) or 0 for p in self.uploader.pending()],
+            "refused": [checkpoint_step(p) or 0 for p in self.uploader.refused()],  # changed after their commit
             "failures": len(failures),
             "last_failure": failures[-1] if failures else None,
             "recent_failures": failures[-LAST_FAILURES:],
