@@ -55,7 +55,8 @@ class SendOptions:
 
 
 class ChangedSinceCommit(StorageError):
-    """A file to upload no longer has the size or SHA-256 its manifest says: sending it again cannot help."""
+    """The bytes read to upload a file are fewer than, or other than, its manifest's: it changed after its
+    commit, and sending it again cannot help."""
 
 
 _TURN_POLL_S = 0.05  # how often a part waiting to be folded into its file's SHA-256 checks for a stop

@@ -34,7 +34,7 @@ from swiftslurm.rundir.jsonio import fsync_dir, write_json_atomic
 from swiftslurm.rundir.layout import DOWNLOAD_STAGING, QUARANTINE
 from swiftslurm.storage.fetch import Fetch, FetchOptions, FileMismatch, RemoteFile
 from swiftslurm.storage.parallel import Transfer
-from swiftslurm.storage.send import ChangedSinceCommit, LocalFile, Send, SendOptions
+from swiftslurm.storage.send import LocalFile, Send, SendOptions
 
 log = logging.getLogger("swiftslurm.store")
 MiB = 1 << 20
@@ -345,7 +345,7 @@ class CheckpointStore:
         if manifest is None:
             raise StorageError(f"{checkpoint} is not committed (no {MANIFEST}); only committed checkpoints upload.")
         if issues := problems(checkpoint):
-            raise ChangedSinceCommit(f"{checkpoint} no longer matches its manifest, not uploaded: {'; '.join(issues)}")
+            raise StorageError(f"{checkpoint} no longer matches its manifest, not uploaded: {'; '.join(issues)}")
         return manifest
 
     def _already_sent(self, step: int, entry: dict[str, Any], remote_sizes: dict[str, int]) -> bool:

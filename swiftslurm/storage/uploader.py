@@ -37,8 +37,8 @@ class Uploader:
     Newest first, so that with uploads slower than saves the store still gets the newest commit; an older one
     that remote retention would delete at once is skipped (`_outranked`).
 
-    A failed upload is logged and stays pending for a retry with back-off, unless the checkpoint changed after
-    its commit (ChangedSinceCommit): sending it again cannot help, so it is refused, not retried. After each
+    A failed upload is logged and stays pending for a retry with back-off, unless the bytes read to upload are
+    not its manifest's (ChangedSinceCommit): sending them again cannot help, so it is refused, not retried. After each
     upload the remote retention (`keep`) is applied, and a line is appended to ``history`` (JSON: step, started
     (Unix time), seconds, files, size, already_remote) when given: when each upload ran, to set beside
     training's steps.
