@@ -86,7 +86,8 @@ def file_entries(checkpoint: Path, paths: list[str]) -> list[dict[str, Any]]:
     entries = []
     for rel in paths:
         path = checkpoint / rel
-        entries.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_and_fsync(path)})
+        digest = sha256_and_fsync(path)  # first: opening it refreshes a shared file system's cached size
+        entries.append({"path": rel, "size": path.stat().st_size, "sha256": digest})
     return entries
 
 
@@ -112,7 +113,8 @@ def commit(
     if files is None:
         files = file_entries(checkpoint, list(file_sizes(checkpoint)))
     files = sorted(files, key=lambda entry: Path(entry["path"]))  # the order the folder walk gives
-    for folder in {p.parent for p in _files(checkpoint)} | {checkpoint}:
+    # The folders of the files listed, not of this process's walk: on a shared file system it may lack some.
+    for folder in {(checkpoint / entry["path"]).parent for entry in files} | {checkpoint}:
         fsync_dir(folder)
     manifest = {
         "format": 1,

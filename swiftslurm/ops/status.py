@@ -50,6 +50,7 @@ def _storage(facts: RunFacts) -> str:
     if not sync:
         return "-"
     text = f"{len(sync.get('remote', []))} up, {len(sync.get('pending', []))} pending"
+    text += f", {len(refused)} refused" if (refused := sync.get("refused")) else ""
     return text + (f", {sync['failures']} failed tries" if sync.get("failures") else "")
 
 

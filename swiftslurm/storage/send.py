@@ -11,6 +11,10 @@ What an upload must guarantee, and where it is done:
 - Checked by the server: every request carries `x-amz-checksum-sha256`, and the server refuses a body that
   does not match it. A file of one part sends the manifest's SHA-256 (computed at commit), so a file that
   changed on disk since its commit is refused too; a multipart file sends each part's own, hashed here.
+- Checked here: the parts of a multipart file are also folded, in byte order, into the whole file's SHA-256,
+  and the upload is completed only if that is the manifest's. Without it a file changed after its commit
+  (before or during its upload) would be stored under the manifest's SHA-256, which a later retry trusts.
+  A file that no longer matches raises `ChangedSinceCommit`, and is not retried.
 - Retried: botocore retries each request (connection errors, 5xx, throttling) with back-off; a `bytes` body
   is simply sent again. A part that still fails fails the upload, which the caller retries whole later
   (files already stored are skipped then: each carries its manifest SHA-256 as metadata).
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.errors import StorageError
-from swiftslurm.storage.parallel import Transfer, each_in_parallel
+from swiftslurm.storage.parallel import Cancelled, Transfer, each_in_parallel
 
 
 @dataclass(frozen=True)
@@ -50,15 +54,27 @@ class SendOptions:
     max_concurrency: int = 8  # requests in flight at once (the client's connection pool must be at least this)
 
 
+class ChangedSinceCommit(StorageError):
+    """The bytes read to upload a file are fewer than, or other than, its manifest's: it changed after its
+    commit, and sending it again cannot help."""
+
+
+_TURN_POLL_S = 0.05  # how often a part waiting to be folded into its file's SHA-256 checks for a stop
+
+
 @dataclass
 class _Multipart:
-    """A file sent in parts: its upload id once created, and each part's (number, ETag, checksum) as it lands."""
+    """A file sent in parts: its upload id once created, and each part's (number, ETag, checksum) as it lands;
+    the whole file's SHA-256 of the parts folded in so far (``folded`` bytes, in byte order)."""
 
     file: LocalFile
     parts_left: int
     upload_id: str | None = None
     done: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    digest: Any = field(default_factory=hashlib.sha256)
+    folded: int = 0
+    turn: threading.Condition = field(default_factory=threading.Condition)
 
 
 @dataclass(frozen=True)
@@ -137,20 +153,27 @@ class Send(Transfer[LocalFile, SendOptions]):
             self.progress(piece.length)
 
     def _put_whole(self, file: LocalFile) -> None:
-        """A file in one PutObject, with the manifest's SHA-256: the server refuses bytes that differ from it."""
+        """A file in one PutObject, with the manifest's SHA-256: the server refuses bytes that differ from it.
+        Refused, the bytes are hashed here to tell a file changed since its commit from damage on the way."""
         body = _read(file, 0, file.size)
-        self.client.put_object(
-            Bucket=self.bucket,
-            Key=file.key,
-            Body=body,
-            ChecksumSHA256=_b64(bytes.fromhex(file.sha256)),
-            Metadata={"sha256": file.sha256},  # lets a retry skip files already stored (CheckpointStore)
-        )
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=file.key,
+                Body=body,
+                ChecksumSHA256=_b64(bytes.fromhex(file.sha256)),
+                Metadata={"sha256": file.sha256},  # lets a retry skip files already stored (CheckpointStore)
+            )
+        except Exception as err:
+            if hashlib.sha256(body).hexdigest() != file.sha256:
+                raise _changed_since_commit(file, "has other bytes than its manifest's SHA-256") from err
+            raise
 
     def _put_part(self, piece: _Piece, multipart: _Multipart, reader: _PartReader) -> None:
         """One part, hashed here (a part's SHA-256 is not in the manifest); the last one completes the file."""
         upload_id = self._upload_id(multipart)
         body = reader.read(piece.file, piece.start, piece.length)
+        self._fold(piece, multipart, body)
         checksum = _b64(hashlib.sha256(body).digest())
         reply = self.client.upload_part(
             Bucket=self.bucket,
@@ -180,7 +203,24 @@ class Send(Transfer[LocalFile, SendOptions]):
                 multipart.upload_id = reply["UploadId"]
             return multipart.upload_id
 
+    def _fold(self, piece: _Piece, multipart: _Multipart, body: bytes | bytearray) -> None:
+        """Fold a part into its file's SHA-256, after the parts before it. They were handed out before it
+        (each_in_parallel goes in order), so each is being read by another worker, or folded already."""
+        with multipart.turn:
+            while multipart.folded != piece.start:
+                if self._stop.is_set():  # the worker with an earlier part failed: it will never fold it
+                    raise Cancelled("the transfer was stopped")
+                multipart.turn.wait(_TURN_POLL_S)
+        multipart.digest.update(body)  # alone: the next part waits until `folded` moves on
+        with multipart.turn:
+            multipart.folded += piece.length
+            multipart.turn.notify_all()
+
     def _complete(self, multipart: _Multipart, upload_id: str) -> None:
+        """Complete the file, once every part is in, if its bytes were the manifest's (every part was folded
+        before it was sent); otherwise raise, and `run` aborts the upload."""
+        if (found := multipart.digest.hexdigest()) != multipart.file.sha256:
+            raise _changed_since_commit(multipart.file, f"was read for upload with SHA-256 {found}, not its manifest's")
         parts = sorted(multipart.done, key=lambda part: part["PartNumber"])
         self.client.complete_multipart_upload(
             Bucket=self.bucket, Key=multipart.file.key, UploadId=upload_id, MultipartUpload={"Parts": parts}
@@ -221,7 +261,7 @@ class _PartReader:
         finally:
             os.close(fd)
         if got != length:
-            raise _changed_since_commit(file)
+            raise _changed_since_commit(file, f"has fewer bytes than its manifest says ({file.size})")
         return self._buffer
 
 
@@ -233,12 +273,12 @@ def _read(file: LocalFile, start: int, length: int) -> bytes:
     finally:
         os.close(fd)
     if len(data) != length:
-        raise _changed_since_commit(file)
+        raise _changed_since_commit(file, f"has fewer bytes than its manifest says ({file.size})")
     return data
 
 
-def _changed_since_commit(file: LocalFile) -> StorageError:
-    return StorageError(
-        f"{file.path} has fewer bytes than its manifest says ({file.size}); it changed after it was committed. "
-        "HINT: checkpoints must not be written to after their commit."
+def _changed_since_commit(file: LocalFile, what: str) -> ChangedSinceCommit:
+    return ChangedSinceCommit(
+        f"{file.path} {what}; it changed after it was committed, so its checkpoint is not uploaded. "
+        "HINT: a checkpoint's files must not be changed after its commit."
     )

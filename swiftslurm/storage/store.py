@@ -61,6 +61,11 @@ _EXPIRED_HINT = (
 )
 
 
+class DamagedCheckpoint(StorageError):
+    """A remote checkpoint fails its check: its manifest is malformed, or a file is missing, resized, or differs
+    from its SHA-256. A restore falls back to an older one (`restore_if_newer`)."""
+
+
 class TransferReport(Protocol):
     """Who follows a long transfer (node 0's heartbeat while it restores: swiftslurm.node.heartbeat)."""
 
@@ -158,7 +163,7 @@ def _safe_path(path: str) -> PurePosixPath:
     """A manifest path that stays inside its checkpoint (a remote manifest is not trusted blindly)."""
     pure = PurePosixPath(path)
     if not path or pure.is_absolute() or ".." in pure.parts or str(pure) != path:
-        raise StorageError(f"the remote manifest lists an unsafe path {path!r}; refusing to download it.")
+        raise DamagedCheckpoint(f"the remote manifest lists an unsafe path {path!r}; refusing to download it.")
     return pure
 
 
@@ -286,9 +291,9 @@ class CheckpointStore:
         try:
             data = json.loads(body)
         except json.JSONDecodeError as err:
-            raise StorageError(f"{self.key(step, MANIFEST)} is not valid JSON: {err}") from err
+            raise DamagedCheckpoint(f"{self.key(step, MANIFEST)} is not valid JSON: {err}") from err
         if not _well_formed(data, step):
-            raise StorageError(f"{self.key(step, MANIFEST)} is not a swiftslurm manifest for step {step}.")
+            raise DamagedCheckpoint(f"{self.key(step, MANIFEST)} is not a swiftslurm manifest for step {step}.")
         return data
 
     # -- transfers -----------------------------------------------------------------------------------------
@@ -490,8 +495,8 @@ class CheckpointStore:
             found.append(item)
         return found
 
-    def _damaged(self, step: int, entry: dict[str, Any], what: str) -> StorageError:
-        return StorageError(
+    def _damaged(self, step: int, entry: dict[str, Any], what: str) -> DamagedCheckpoint:
+        return DamagedCheckpoint(
             f"{self.key(step, entry['path'])} does not match its remote manifest ({what}): the remote "
             f"checkpoint-{step} is damaged and was not restored. HINT: resume from an older one "
             "(`python -m swiftslurm.ops.storage_cli list`), or delete this one from the store."
@@ -547,12 +552,17 @@ def restore_if_newer(
     report: TransferReport | None = None,
     identity: str | None = None,
 ) -> Path | None:
-    """Download the newest remote checkpoint when it is newer than ``local_step`` (the newest committed local
-    one; 0 when there is none). Returns its local path, or None when the node is already up to date. One
-    committed by another plan than ``identity`` is refused before anything is downloaded."""
-    remote = newest_remote_step(store)
-    if remote is None or remote <= local_step:
-        return None
-    check_identity(store.manifest(remote), identity, store.key(remote))
-    log.info(f"[swiftslurm] {store.spec.url} has checkpoint-{remote}, newer than local step {local_step}")
-    return store.download(remote, output_dir, report)
+    """Download the newest remote checkpoint newer than ``local_step`` (the newest committed local one; 0 when
+    there is none) that passes its check: one that fails it (DamagedCheckpoint) is logged and the next older
+    one tried. Returns its local path, or None when no remote one is newer and whole. One committed by
+    another plan than ``identity`` is refused before anything is downloaded."""
+    for remote in reversed(store.committed_steps()):
+        if remote <= local_step:
+            break
+        try:
+            check_identity(store.manifest(remote), identity, store.key(remote))
+            log.info(f"[swiftslurm] {store.spec.url} has checkpoint-{remote}, newer than local step {local_step}")
+            return store.download(remote, output_dir, report)
+        except DamagedCheckpoint as err:
+            log.warning(f"[swiftslurm] not restoring checkpoint-{remote}: {err} Trying an older one.")
+    return None

@@ -37,10 +37,11 @@ def restore(
     identity: str | None = None,
     store: CheckpointStore | None = None,
 ) -> Path | None:
-    """Before training (node 0): remove what a killed restore left, then fetch the newest remote checkpoint if
-    it is newer than every committed local one (a wiped scratch disk, a new cluster), unless another plan than
-    ``identity`` committed it (refused). Returns what was downloaded, or None. ``report`` follows the download
-    (node 0's heartbeat); ``store``: the caller's, to `cancel` the download from another thread."""
+    """Before training (node 0): remove what a killed restore left, then fetch the newest remote checkpoint that
+    passes its check if it is newer than every committed local one (a wiped scratch disk, a new cluster),
+    unless another plan than ``identity`` committed it (refused). Returns what was downloaded, or None.
+    ``report`` follows the download (node 0's heartbeat); ``store``: the caller's, to `cancel` the download from
+    another thread."""
     remove_stale_downloads(output_dir)
     local, _ = newest_committed(output_dir)
     local_step = (checkpoint_step(local) or 0) if local else 0
@@ -126,6 +127,7 @@ class NodeSync:
             "url": self.spec.url,
             "remote": self.uploader.remote(),
             "pending": [checkpoint_step(p) or 0 for p in self.uploader.pending()],
+            "refused": [checkpoint_step(p) or 0 for p in self.uploader.refused()],  # changed after their commit
             "failures": len(failures),
             "last_failure": failures[-1] if failures else None,
             "recent_failures": failures[-LAST_FAILURES:],

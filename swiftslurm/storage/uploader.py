@@ -15,6 +15,7 @@ from pathlib import Path
 from swiftslurm.ckpt.checkpoint import checkpoint_step, is_committed
 from swiftslurm.rundir.jsonio import append_jsonl
 from swiftslurm.storage.priority import lower_this_thread
+from swiftslurm.storage.send import ChangedSinceCommit
 from swiftslurm.storage.store import CheckpointStore, UploadResult
 
 log = logging.getLogger("swiftslurm.uploader")
@@ -36,9 +37,11 @@ class Uploader:
     Newest first, so that with uploads slower than saves the store still gets the newest commit; an older one
     that remote retention would delete at once is skipped (`_outranked`).
 
-    A failed upload is logged and stays pending for a retry with back-off. After each upload the remote
-    retention (`keep`) is applied, and a line is appended to ``history`` (JSON: step, started (Unix time),
-    seconds, files, size, already_remote) when given: when each upload ran, to set beside training's steps.
+    A failed upload is logged and stays pending for a retry with back-off, unless the bytes read to upload are
+    not its manifest's (ChangedSinceCommit): sending them again cannot help, so it is refused, not retried. After each
+    upload the remote retention (`keep`) is applied, and a line is appended to ``history`` (JSON: step, started
+    (Unix time), seconds, files, size, already_remote) when given: when each upload ran, to set beside
+    training's steps.
     `drain` ends it: it waits (bounded) and returns what is still not uploaded. The thread is not a daemon,
     and an interpreter exiting without `drain` drains for `wait_at_exit_s` first."""
 
@@ -59,6 +62,7 @@ class Uploader:
         self.history = history
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
+        self._refused: list[Path] = []  # changed after their commit: not uploaded, not retried
         self._remote: list[int] = []  # steps now in the store: uploaded, or found there already
         self._settled: set[int] = set()  # steps done with: in the store, or skipped as outranked
         self._draining = False
@@ -93,6 +97,11 @@ class Uploader:
         with self._changed:
             return set(self._settled)
 
+    def refused(self) -> list[Path]:
+        """Submitted checkpoints that changed after their commit, so are not uploaded and not retried."""
+        with self._changed:
+            return sorted(self._refused, key=lambda path: checkpoint_step(path) or 0)
+
     def failures(self) -> list[str]:
         """Every failed attempt so far, as logged."""
         with self._changed:
@@ -101,7 +110,8 @@ class Uploader:
     def drain(self, timeout_s: float, left_s: Callable[[], float] | None = None) -> list[Path]:
         """Wait up to ``timeout_s`` for every submitted checkpoint to be uploaded, then stop (an upload still
         running is cancelled). ``left_s``, asked every DRAIN_POLL_S outside the lock, may end the wait
-        sooner (a stop signal came). Returns what is not uploaded, oldest first, for the final report."""
+        sooner (a stop signal came). Returns what is not uploaded (pending or refused), oldest first, for the
+        final report."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             self._draining = True
@@ -120,7 +130,7 @@ class Uploader:
         self._thread.join(timeout=self.store.spec.timeout_s + 5)
         if self._thread.is_alive():
             log.warning("[swiftslurm] the uploader is still finishing a request; it stops when that ends")
-        return self.pending()
+        return sorted([*self.pending(), *self.refused()], key=lambda path: checkpoint_step(path) or 0)
 
     def _run(self) -> None:
         # Uploads use what training leaves idle; the send threads, created from this one, inherit it.
@@ -194,6 +204,10 @@ class Uploader:
             if not is_committed(item.checkpoint):  # deleted locally (retention) meanwhile: nothing left to send
                 self._pending.remove(item)
                 message = f"{item.checkpoint} is not (or no longer) committed locally; dropped: {err}"
+            elif isinstance(err, ChangedSinceCommit):
+                self._pending.remove(item)
+                self._refused.append(item.checkpoint)
+                message = f"{item.checkpoint.name} is not uploaded and not retried: {err}"
             else:
                 first, cap = self.BACKOFF_S
                 wait = self.DRAIN_BACKOFF_S if self._draining else min(first * 2 ** (item.attempts - 1), cap)

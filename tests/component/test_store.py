@@ -23,6 +23,7 @@ from swiftslurm.errors import ConfigError, NodeError, StorageError
 from swiftslurm.ops import storage_cli
 from swiftslurm.plan import StorageSpec
 from swiftslurm.rundir.layout import SYNC_STATE
+from swiftslurm.storage.send import ChangedSinceCommit
 from swiftslurm.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
 from swiftslurm.storage.sync import NodeSync, restore
 from swiftslurm.storage.uploader import Uploader
@@ -448,3 +449,54 @@ def test_an_uploader_whose_job_lost_the_lease_prunes_nothing_remote(store: Check
             time.sleep(0.05)
     assert uploader.drain(timeout_s=60) == []
     assert store.committed_steps() == [10, 20, 30]
+
+
+# --- issue 25, item 9: upload integrity -------------------------------------------------------------------------
+
+
+def changed_after_commit(folder: Path) -> Path:
+    """Overwrite a committed checkpoint's multipart file (20 MiB, three 8 MiB parts) with other bytes of its size."""
+    path = folder / "model.safetensors"
+    path.write_bytes(random.Random(99).randbytes(path.stat().st_size))
+    return folder
+
+
+def test_upload_refuses_a_multipart_file_changed_since_its_commit(store: CheckpointStore, tmp_path: Path) -> None:
+    local = changed_after_commit(make_checkpoint(tmp_path, 30, big_mib=20))
+    with pytest.raises(ChangedSinceCommit, match=r"model\.safetensors was read for upload with SHA-256"):
+        store.upload(local)
+    assert 30 not in store.committed_steps()
+    stored = [key for key, _ in store._objects(store.key(30))]
+    assert store.key(30, "model.safetensors") not in stored  # not stored under the manifest's SHA-256
+    uploads = store.client.list_multipart_uploads(Bucket=store.spec.bucket, Prefix=store.key(30))
+    assert not uploads.get("Uploads")  # aborted
+
+
+def test_a_checkpoint_changed_since_its_commit_is_refused_once_and_reported(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    output = tmp_path / "output"
+    make_checkpoint(output, 10)
+    changed_after_commit(make_checkpoint(output, 20, big_mib=20))
+    sync = NodeSync(store.spec, tmp_path, output, store=store)
+    assert sync.drain(timeout_s=60) == [20]
+    assert store.committed_steps() == [10]
+    state = json.loads((tmp_path / SYNC_STATE).read_text())
+    assert (state["remote"], state["pending"], state["refused"], state["failures"]) == ([10], [], [20], 1)
+    assert "checkpoint-20 is not uploaded and not retried" in state["last_failure"]
+
+
+def test_restore_falls_back_to_an_older_remote_checkpoint_when_the_newest_fails_its_check(
+    store: CheckpointStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for step in (10, 20):
+        store.upload(make_checkpoint(tmp_path / "a", step, big_mib=9))
+    victim = store.key(20, "model.safetensors")
+    store.client.put_object(Bucket=store.spec.bucket, Key=victim, Body=random.Random(5).randbytes(9 * MiB))
+    store.client.put_object(Bucket=store.spec.bucket, Key=store.key(30, MANIFEST), Body=b"{not json")
+    caplog.set_level(logging.WARNING)
+    restored = restore(store.spec, tmp_path / "b")
+    assert restored == tmp_path / "b" / "checkpoint-10" and problems(restored, deep=True) == []
+    assert not (tmp_path / "b" / "checkpoint-20").exists()
+    assert "not restoring checkpoint-30" in caplog.text and "not restoring checkpoint-20" in caplog.text
+    assert restore(store.spec, tmp_path / "b") is None  # 10 is here: nothing newer passes its check

@@ -23,7 +23,7 @@ from swiftslurm.errors import StorageError
 from swiftslurm.plan import StorageSpec
 from swiftslurm.storage import fetch
 from swiftslurm.storage.fetch import Cancelled, Fetch, FetchOptions, FileMismatch, Part, RemoteFile, split_ranges
-from swiftslurm.storage.store import CheckpointStore
+from swiftslurm.storage.store import CheckpointStore, restore_if_newer
 
 BUCKET = "b"
 
@@ -278,3 +278,46 @@ def test_a_restore_through_the_store_is_whole_and_committed(tmp_path: Path) -> N
     assert (restored / MANIFEST).is_file()
     # Downloads use fetch's own ranges (64 MiB), not the 5 MiB upload parts the spec asks for.
     assert [r for k, r in s3.requests if k.endswith("model.safetensors")] == [f"bytes=0-{(12 << 20) - 1}"]
+
+
+# --- issue 25, item 9: a restore falls back past a remote checkpoint that fails its check ----------------------
+
+
+def remote_checkpoint(step: int, payload: dict[str, bytes]) -> dict[str, bytes]:
+    entries = [{"path": p, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for p, d in payload.items()]
+    objects = {f"run/checkpoint-{step}/{p}": d for p, d in payload.items()}
+    objects[f"run/checkpoint-{step}/{MANIFEST}"] = json.dumps({"format": 1, "step": step, "files": entries}).encode()
+    return objects
+
+
+def test_restore_falls_back_to_an_older_remote_checkpoint_when_the_newest_fails_its_check(tmp_path: Path) -> None:
+    objects = {
+        **remote_checkpoint(7, {"model.safetensors": b"seven"}),
+        **remote_checkpoint(9, {"model.safetensors": b"nine!"}),
+    }
+    objects["run/checkpoint-9/model.safetensors"] = b"NINE!"  # same size, other bytes
+    store = CheckpointStore(StorageSpec(bucket=BUCKET, prefix="run"), client=FakeS3(objects))
+    assert restore_if_newer(store, tmp_path / "out", local_step=0) == tmp_path / "out" / "checkpoint-7"
+    assert (tmp_path / "out" / "checkpoint-7" / "model.safetensors").read_bytes() == b"seven"
+    assert not (tmp_path / "out" / "checkpoint-9").exists()
+    assert restore_if_newer(store, tmp_path / "elsewhere", local_step=7) is None  # nothing newer is whole
+
+
+class RefusingS3(FakeS3):
+    def get_object(self, Bucket: str, Key: str, Range: str | None = None, IfMatch: str | None = None) -> Any:
+        if Key.endswith("model.safetensors"):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": Key}}, "GetObject")
+        return super().get_object(Bucket, Key, Range, IfMatch)
+
+
+def test_restore_does_not_fall_back_when_the_store_refuses_to_answer(tmp_path: Path) -> None:
+    """Only a checkpoint that fails its check is passed over: an older one would throw away remote progress
+    that the next attempt may well restore."""
+    objects = {
+        **remote_checkpoint(7, {"model.safetensors": b"seven"}),
+        **remote_checkpoint(9, {"model.safetensors": b"nine!"}),
+    }
+    store = CheckpointStore(StorageSpec(bucket=BUCKET, prefix="run", max_attempts=1), client=RefusingS3(objects))
+    with pytest.raises(StorageError, match="AccessDenied"):
+        restore_if_newer(store, tmp_path / "out", local_step=0)
+    assert not (tmp_path / "out" / "checkpoint-7").exists()

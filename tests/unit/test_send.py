@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from swiftslurm.errors import StorageError
+from swiftslurm.storage import send
 from swiftslurm.storage.parallel import Cancelled
-from swiftslurm.storage.send import LocalFile, Send, SendOptions, pieces
+from swiftslurm.storage.send import ChangedSinceCommit, LocalFile, Send, SendOptions, pieces
 
 BUCKET = "b"
 
@@ -137,3 +138,90 @@ def test_cancel_stops_before_the_next_request(tmp_path: Path) -> None:
     with pytest.raises(Cancelled):
         send.run()
     assert s3.objects == {}
+
+
+# --- issue 25, item 9: a file changed after its commit --------------------------------------------------------
+
+
+def test_a_multipart_file_changed_after_its_commit_is_not_completed(tmp_path: Path) -> None:
+    file = local_file(tmp_path, "large", b"a" * 2500)
+    file.path.write_bytes(b"b" * 2500)  # same size, other bytes: each part's own checksum still matches it
+    s3 = FakeS3()
+    with pytest.raises(ChangedSinceCommit, match="changed after it was committed"):
+        Send(s3, BUCKET, [file], SendOptions(part_size=1000, max_concurrency=2)).run()
+    assert not s3.called("complete_multipart_upload") and s3.aborted == ["id-run/large"]
+    assert s3.objects == {}  # never stored under the manifest's SHA-256, which a later retry would trust
+
+
+class RewritingS3(FakeS3):
+    """Rewrites the file's last bytes (same size) once part 1 is in: the file changes during its upload."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def upload_part(self, **kwargs: Any) -> dict[str, Any]:
+        reply = super().upload_part(**kwargs)
+        if kwargs["PartNumber"] == 1:
+            with open(self.path, "r+b") as f:
+                f.seek(2000)
+                f.write(b"c" * 500)
+        return reply
+
+
+def test_a_file_changed_between_its_parts_is_not_completed(tmp_path: Path) -> None:
+    file = local_file(tmp_path, "large", b"a" * 2500)
+    s3 = RewritingS3(file.path)
+    with pytest.raises(ChangedSinceCommit, match=f"SHA-256 {hashlib.sha256(b'a' * 2000 + b'c' * 500).hexdigest()}"):
+        Send(s3, BUCKET, [file], SendOptions(part_size=1000, max_concurrency=1)).run()
+    assert len(s3.called("upload_part")) == 3 and not s3.called("complete_multipart_upload")
+    assert s3.objects == {}
+
+
+class CheckingS3(FakeS3):
+    """PutObject as the server does it: a body whose SHA-256 is not the request's checksum is refused."""
+
+    def put_object(self, **kwargs: Any) -> dict[str, Any]:
+        if b64_sha256(bytes(kwargs["Body"])) != kwargs["ChecksumSHA256"]:
+            raise RuntimeError("BadDigest")
+        return super().put_object(**kwargs)
+
+
+def test_a_one_part_file_the_server_refuses_is_named_changed_when_its_bytes_differ(tmp_path: Path) -> None:
+    file = local_file(tmp_path, "small", b"x" * 100)
+    file.path.write_bytes(b"y" * 100)
+    with pytest.raises(ChangedSinceCommit, match="has other bytes than its manifest's SHA-256") as caught:
+        Send(CheckingS3(), BUCKET, [file], SendOptions(part_size=1000)).run()
+    assert str(caught.value.__cause__) == "BadDigest"
+
+
+def test_a_worker_waiting_to_fold_its_part_stops_when_an_earlier_part_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts are folded into the file's SHA-256 in byte order: part 2 waits for part 1, whose read fails."""
+    file = local_file(tmp_path, "large", b"a" * 3000)
+    part_2_read = threading.Event()
+    real_read = send._PartReader.read
+
+    def read(reader: Any, what: LocalFile, start: int, length: int) -> Any:
+        if start == 0:
+            part_2_read.wait(timeout=10)
+            raise OSError("part 1 unreadable")
+        body = real_read(reader, what, start, length)
+        part_2_read.set()
+        return body
+
+    monkeypatch.setattr(send._PartReader, "read", read)
+    failures: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            Send(FakeS3(), BUCKET, [file], SendOptions(part_size=1000, max_concurrency=2)).run()
+        except BaseException as err:
+            failures.append(err)
+
+    worker = threading.Thread(target=upload, daemon=True)  # a daemon: were part 2 to wait forever, the suite ends
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "part 2 waits forever for part 1, which failed"
+    assert [str(err) for err in failures] == ["part 1 unreadable"]

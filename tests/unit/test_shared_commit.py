@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt import checkpoint as ck
-from swiftslurm.ckpt import shared_commit
+from swiftslurm.ckpt import shards, shared_commit
 from swiftslurm.engines.hooks import Committer
 
 
@@ -48,6 +48,80 @@ def test_megatron_distcp_shards_go_to_their_writer_and_unknown_ranks_are_shared(
         ["iter_0000006/__0_0.distcp", "iter_0000006/__5_0.distcp"],
         ["iter_0000006/__1_0.distcp"],
     ]
+
+
+def test_bf16_zero_shards_and_rng_states_are_their_writers() -> None:
+    found = {
+        path: shards.writer_rank(path, 4)
+        for path in (
+            "global_step3/bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt",
+            "global_step3/zero_pp_rank_3_mp_rank_00_model_states.pt",
+            "rng_state_1.pth",
+            "rng_state.pth",  # one process: no rank in the name
+            "global_step3/zero_pp_rank_4_mp_rank_00_optim_states.pt",  # no rank 4 in a world of 4
+            "iter_0000003/__2_0.distcp",
+        )
+    }
+    assert list(found.values()) == [2, 3, 1, None, None, 2]
+
+
+def test_a_file_no_shard_name_claims_goes_to_a_rank_that_lists_it() -> None:
+    """A shared file system's listing on one node may lack another node's new files (NFS, Lustre): a file
+    goes only to a rank that saw it, so no rank is asked to hash a file its node does not list yet."""
+    listings = [
+        {"model.safetensors": 900, "config.json": 10, "rng_state_0.pth": 5},
+        {"rng_state_1.pth": 5, "config.json": 10, "extra.bin": 800},  # rank 1's node lists model.safetensors late
+        {"rng_state_2.pth": 5, "config.json": 0, "model.safetensors": 900},  # a stale cached size of config.json
+    ]
+    sizes, seen_by = shared_commit.union(listings)
+    assert sizes == {
+        "model.safetensors": 900,
+        "config.json": 10,
+        "extra.bin": 800,
+        **{f"rng_state_{rank}.pth": 5 for rank in range(3)},
+    }
+    assert seen_by["model.safetensors"] == {0, 2} and seen_by["extra.bin"] == {1}
+    assert shared_commit.split(sizes, 3, seen_by) == [
+        ["rng_state_0.pth", "model.safetensors"],
+        ["rng_state_1.pth", "extra.bin"],
+        ["rng_state_2.pth", "config.json"],
+    ]
+
+
+ZERO3 = [f"global_step7/zero_pp_rank_{r}_mp_rank_00_{k}_states.pt" for r in range(3) for k in ("optim", "model")]
+
+
+@pytest.mark.parametrize(
+    ("paths", "world_size", "lacking"),
+    [
+        (ZERO3, 3, []),
+        (
+            [p for p in ZERO3 if p != "global_step7/zero_pp_rank_1_mp_rank_00_optim_states.pt"],
+            3,
+            ["global_step7/zero_pp_rank_1_mp_rank_00_optim_states.pt (rank 1's: every rank writes one)"],
+        ),
+        (
+            ["global_step7/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"],
+            2,
+            ["global_step7/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt (rank 0's: every rank writes one)"],
+        ),
+        (["rng_state_0.pth", "rng_state_2.pth"], 3, ["rng_state_1.pth (rank 1's: every rank writes one)"]),
+        (["rng_state.pth", "model.safetensors"], 1, []),
+        (["global_step7/zero_pp_rank_0_mp_rank_00_optim_states.pt", "iter_7/__1_0.distcp"], 1, []),
+    ],
+    ids=["zero3-whole", "zero3-rank-1-optimizer", "bf16-zero", "rng-states", "one-process", "ranks-beyond-world"],
+)
+def test_a_checkpoint_lacks_what_every_rank_writes_and_one_rank_did_not(
+    paths: list[str], world_size: int, lacking: list[str], tmp_path: Path
+) -> None:
+    assert shards.missing(paths, world_size, tmp_path) == lacking
+
+
+def test_an_unreadable_dcp_index_vouches_for_nothing(tmp_path: Path) -> None:
+    (tmp_path / "iter_0000003").mkdir()
+    (tmp_path / "iter_0000003" / ".metadata").write_bytes(b"not a pickle")
+    [why] = shards.missing(["iter_0000003/.metadata", "iter_0000003/__0_0.distcp"], 1, tmp_path)
+    assert why.startswith("iter_0000003/.metadata unreadable")
 
 
 def test_a_save_waits_for_the_previous_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
