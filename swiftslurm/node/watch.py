@@ -35,6 +35,7 @@ REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the si
 PEER_FAILED = "peer_failed"  # another node's trainer failed
 HUNG = "hung"  # the run was found hung (node 0's watchdog)
 STOP_SAVED = "stop_saved"  # the checkpoint a stop signal asked for is committed, or its save overran its lead
+LEASE_LOST = "lease_lost"  # another job took the run dir's lease (leader)
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Observed:
     watch: ProgressWatch
     started: float
     ended_at: float | None = None  # when the wrapper saw the trainer exit
-    ended_by: str | None = None  # why this node's wrapper ended the trainer (PEER_FAILED, HUNG, STOP_SAVED)
+    ended_by: str | None = None  # why this node's wrapper ended the trainer (PEER_FAILED, HUNG, STOP_SAVED, ...)
     hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
     unrestored: str | None = None  # no trainer started: why the object store could not be restored from
 
@@ -99,11 +100,12 @@ def train(
     signals: SignalLog,
     lease_token: int | None = None,
     peer_failed: Callable[[], bool] = lambda: False,
+    lease_lost: Callable[[], str | None] = lambda: None,
 ) -> Observed:
     """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers and end
     it once the checkpoint they asked for is committed; end it when ``peer_failed()`` (another node's trainer
-    failed); the leader kills it if it hangs and hands each newly committed checkpoint to the background
-    uploader."""
+    failed), or when ``lease_lost()`` says why this leader lost the run dir's lease; the leader kills it if it
+    hangs and hands each newly committed checkpoint to the background uploader."""
     engine = engine_for(plan.launcher)
     shape = AttemptShape.of(where, plan)
     extra = resume_args(plan, shape, resume)
@@ -116,7 +118,9 @@ def train(
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
     trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
-    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed)
+    watcher = _Watcher(
+        plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed, lease_lost
+    )
     code, ended = watcher.until_exit(), time.time()
     stacks.tidy(log_path.parent, node_ranks(plan, where))
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
@@ -154,6 +158,7 @@ class _Watcher:
     sync: NodeSync | None
     attempt_dir: Path
     peer_failed: Callable[[], bool] = lambda: False
+    lease_lost: Callable[[], str | None] = lambda: None  # leader: why another job leads the run now
     hung: bool = False
     ended_by: str | None = None  # why this wrapper ended the trainer, if it did
     forwarded_at: float = 0.0
@@ -168,6 +173,8 @@ class _Watcher:
         return code
 
     def tick(self, now: float) -> None:
+        if self.end_if_lease_lost():
+            return
         self.forward_stop(now)
         self.follow_progress(now)
         if self.sync is not None:
@@ -243,6 +250,20 @@ class _Watcher:
             # "Measured"), time taken from the requeue; nothing of it is kept.
             print("[swiftslurm] the stop checkpoint is committed: ending the trainer", flush=True)
             self.end(STOP_SAVED)
+
+    def end_if_lease_lost(self) -> bool:
+        """Another job took the run dir's lease: this trainer must not save, commit or upload any more. KILL, not
+        the save signal (its checkpoint would not count); the attempt then records nothing (attempt.py)."""
+        try:
+            why = self.lease_lost()
+        except OSError as err:  # the run dir's filesystem did not answer just now: the next poll asks again
+            print(f"[swiftslurm] could not read the run dir's lease: {err}", flush=True)
+            return False
+        if why is None:
+            return False
+        print(f"[swiftslurm] killing the trainer: {why}", flush=True)
+        self.end(LEASE_LOST)
+        return True
 
     def end_if_peer_failed(self) -> None:
         # Not after a stop signal: then peers end on their own after their part of the save, and this node's
