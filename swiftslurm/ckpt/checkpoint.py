@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,8 @@ def commit(
     engine: str = "swift",
     identity: str | None = None,
     files: list[dict[str, Any]] | None = None,
+    lease_token: int | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Write the manifest of a fully written checkpoint. Call once every rank has finished saving.
 
@@ -106,7 +108,11 @@ def commit(
     included): a checkpoint of that step means training is complete, and no attempt trains past it.
     ``identity`` is the plan's (JobPlan.identity): a checkpoint resumes only the plan that wrote it.
 
-    ``files``: the entries the ranks hashed together (`file_entries`); without it this process hashes all."""
+    ``files``: the entries the ranks hashed together (`file_entries`); without it this process hashes all.
+
+    ``lease_token``: the fencing token of the run dir's leader that started this trainer (rundir/lease.py),
+    recorded; ``fence`` runs right before the manifest is renamed into place, and raising refuses the commit
+    (that leader lost the lease: the folder stays uncommitted)."""
     step = checkpoint_step(checkpoint)
     if step is None:
         raise ValueError(f"{checkpoint} is not a checkpoint-N folder")
@@ -125,9 +131,10 @@ def commit(
         "plan_identity": identity,
         "ms_swift_version": swift_version,
         "committed_at": time.time(),
+        "lease_token": lease_token,
         "files": files,
     }
-    write_json_atomic(checkpoint / MANIFEST, manifest)
+    write_json_atomic(checkpoint / MANIFEST, manifest, before_replace=fence)
     return manifest
 
 

@@ -10,7 +10,8 @@ process that exits normally finishes its commit first; one that is killed leaves
 which is exactly what it is. Without object storage, retention (`keep_checkpoints`) is applied here after a
 commit, so the newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's
 lease; with storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then
-passes 0). The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV).
+passes 0). The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV) and the leader's fencing token
+(TOKEN_ENV); it is not written once that leader lost the run dir's lease.
 
 For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its stack dump at import
 (`register_stack_dump`), and global rank 0 writes the heartbeat the wrapper follows (rundir/beat.py): each
@@ -27,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,7 +42,7 @@ from swiftslurm.rundir.timeline import COMMITTED, TRAIN_BEGIN, TRAIN_END, Timeli
 from swiftslurm.signals import RANK_STOP_SIGNALS, SAVE_SIGNAL, dump_stacks_on_signal, ignore_from_now_on, install
 
 KEEP_ENV = "SWIFTSLURM_KEEP_CHECKPOINTS"  # set by the wrapper from the plan
-TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: retention runs only while its lease holds
+TOKEN_ENV = lease.TOKEN_ENV  # the leader's fencing token: commits and retention run only while its lease holds
 IDENTITY_ENV = "SWIFTSLURM_PLAN_IDENTITY"  # set by the wrapper from the plan, written into each manifest
 STACKS_ENV = "SWIFTSLURM_STACKS_DIR"  # set by the wrapper: where each rank writes its stacks on DUMP_SIGNAL
 STOP_FILE_ENV = "SWIFTSLURM_STOP_FILE"  # set by the wrapper: where global rank 0 publishes the agreed stop step
@@ -194,6 +195,8 @@ class Committer:
             files = shared_commit.hash_together(folder, self._group) if self._group is not None else None
             if is_global_rank_zero():
                 self._commit_hashed(folder, world_size, last_step, files, started)
+        except lease.LeaseLost as err:  # another job leads the run now: this trainer's commits do not count
+            print(f"[swiftslurm] not committing {folder.name}: {err}", flush=True)
         except Exception as err:  # logged and left uncommitted: resume falls back to an older one
             print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
         finally:
@@ -208,8 +211,17 @@ class Committer:
         self, folder: Path, world_size: int, last_step: int | None, files: list[dict[str, Any]] | None, started: float
     ) -> None:
         identity = os.environ.get(IDENTITY_ENV) or None
+        token, fence = self._lease_fence(folder)
         manifest = checkpoint.commit(
-            folder, world_size, swift_version(), last_step=last_step, engine=self.engine, identity=identity, files=files
+            folder,
+            world_size,
+            swift_version(),
+            last_step=last_step,
+            engine=self.engine,
+            identity=identity,
+            files=files,
+            lease_token=token,
+            fence=fence,
         )
         self.timeline.event(COMMITTED, step=manifest["step"])
         took, size_gb = time.monotonic() - started, sum(entry["size"] for entry in manifest["files"]) / 1e9
@@ -222,6 +234,17 @@ class Committer:
         if keep > 0 and self._leads():
             for gone in checkpoint.prune_committed(folder.parent, keep):
                 print(f"[swiftslurm] pruned {gone.name} (keep_checkpoints={keep})", flush=True)
+
+    @staticmethod
+    def _lease_fence(folder: Path) -> tuple[int | None, Callable[[], None] | None]:
+        """The leader's token, and the check that refuses ``folder``'s manifest once that leader lost the run
+        dir's lease (rundir/lease.py), compared right before the rename. Without a token (the trainer started by
+        hand) there is no lease to check."""
+        token, run_dir = os.environ.get(TOKEN_ENV), os.environ.get("SWIFTSLURM_RUN_DIR")
+        if token is None or run_dir is None:
+            return None, None
+        held, where = int(token), Path(run_dir)
+        return held, lambda: lease.fence(where, held, f"commit {folder.name}")
 
     @staticmethod
     def _leads() -> bool:

@@ -4,7 +4,8 @@
                      take the run dir's lease (or stop: another job leads the run), close a lost attempt;
                      preflight (first attempt)
     AGREE_ON_RESUME  leader: restore, choose and publish the resume point; the others wait for it
-    TRAIN | SKIP     run and watch the trainer; SKIP when the resume point is the run's last step
+    TRAIN | SKIP     run and watch the trainer (the leader ends it if another job takes the lease, and
+                     then records nothing: DONE); SKIP when the resume point is the run's last step
     | SIGNALLED      (every node then writes its result); SIGNALLED when a stop signal came before the
                      resume point was published: no trainer starts, the leader tells the nodes still
                      waiting and concludes (preempted, timed out: requeue)
@@ -241,10 +242,12 @@ def _agree_on_resume(a: Attempt) -> Phase:
 
 def _train(a: Attempt) -> Phase:
     assert a.resume is not None
-    token = a.lease.token if a.lease else None
+    token, lost = (a.lease.token, a.lease.lost) if a.lease else (None, lambda: None)
     peer = _PeerFailed(attempt_dir(a.run_dir, a.id), a.where)
     ends = partial(job_times, a.where)  # node 0 asks when a stop signal comes (the save's deadline)
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, ends)
+    a.observed = train(
+        a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, end_times=ends
+    )
     return _trained(a, a.resume, a.observed)
 
 
@@ -288,7 +291,25 @@ def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
     records.write_node_result(
         here, a.where.node_id, a.result.hostname, observed.exit_code, observed.ended_at, observed.ended_by
     )
-    return Phase.CONCLUDE if a.leader else Phase.AWAIT_OUTCOME
+    if not a.leader:
+        return Phase.AWAIT_OUTCOME
+    if a.lease is not None and (why := a.lease.lost("conclude the attempt")) is not None:
+        return _lost_lease(a, why)
+    return Phase.CONCLUDE
+
+
+def _lost_lease(a: Attempt, why: str) -> Phase:
+    """Another job took the run dir's lease while this leader trained (its trainer was ended): it uploads
+    nothing more and records nothing in the run dir, which is the new leader's now; only its own nodes are
+    told, in this attempt's outcome.json, to end."""
+    print(f"[swiftslurm] attempt {a.id} ends: {why}", flush=True)
+    if a.sync is not None:
+        a.sync.stop()
+    outcome.publish(attempt_dir(a.run_dir, a.id), outcome.Outcome(outcome.END), a.nonce)
+    a.lease = None  # a leader without the lease records nothing (_record_phase)
+    assert a.result is not None
+    a.result = replace(a.result, decision=decide.Action.STOP.value, why=why)
+    return Phase.DONE
 
 
 def _conclude(a: Attempt) -> Phase:
@@ -326,6 +347,8 @@ def _finish_uploads(a: Attempt) -> Phase:
     if times is not None and times.limit_ends is not None:
         budget = min(budget, times.limit_ends - time.time() - KILL_MARGIN_S)
     a.sync.drain(budget, _DrainCut(a.where, a.signals, len(a.observed.signals)).left_s)
+    if a.lease is not None:
+        a.lease.check("record the uploads in status.json")
     records.update_status(a.run_dir, storage=a.sync.state())
     return Phase.ACT
 

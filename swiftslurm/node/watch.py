@@ -47,6 +47,7 @@ REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the si
 PEER_FAILED = "peer_failed"  # another node's trainer failed
 HUNG = "hung"  # the run was found hung (node 0's watchdog)
 STOP_SAVED = "stop_saved"  # the checkpoint a stop signal asked for is committed, or its save overran its lead
+LEASE_LOST = "lease_lost"  # another job took the run dir's lease (leader)
 # SLURM's end of this job and why it is unknown (conclude.job_times): asked by node 0 when a stop signal comes.
 AskEndTimes = Callable[[], tuple[JobTimes | None, str | None]]
 
@@ -65,7 +66,7 @@ class Observed:
     watch: ProgressWatch
     started: float
     ended_at: float | None = None  # when the wrapper saw the trainer exit
-    ended_by: str | None = None  # why this node's wrapper ended the trainer (PEER_FAILED, HUNG, STOP_SAVED)
+    ended_by: str | None = None  # why this node's wrapper ended the trainer (PEER_FAILED, HUNG, STOP_SAVED, ...)
     hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
     unrestored: str | None = None  # no trainer started: why the object store could not be restored from
     stop: dict[str, Any] | None = None  # after a stop signal: the agreed step and the save deadline (_Watcher)
@@ -119,12 +120,14 @@ def train(
     signals: SignalLog,
     lease_token: int | None = None,
     peer_failed: Callable[[], bool] = lambda: False,
+    lease_lost: Callable[[], str | None] = lambda: None,
     end_times: AskEndTimes = no_end_times,
 ) -> Observed:
     """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers and end
     it once the checkpoint they asked for is committed, or at the save's deadline (node 0 asks ``end_times``
-    when the signal comes); end it when ``peer_failed()`` (another node's trainer failed); the leader kills it
-    if it hangs and hands each newly committed checkpoint to the background uploader."""
+    when the signal comes); end it when ``peer_failed()`` (another node's trainer failed), or when
+    ``lease_lost()`` says why this leader lost the run dir's lease; the leader kills it if it hangs and hands
+    each newly committed checkpoint to the background uploader."""
     engine = engine_for(plan.launcher)
     shape = AttemptShape.of(where, plan)
     extra = resume_args(plan, shape, resume)
@@ -137,7 +140,9 @@ def train(
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
     trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
-    watcher = _Watcher(plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed)
+    watcher = _Watcher(
+        plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed, lease_lost
+    )
     watcher.end_times = end_times
     code, ended = watcher.until_exit(), time.time()
     stacks.tidy(log_path.parent, node_ranks(plan, where))
@@ -177,6 +182,7 @@ class _Watcher:
     sync: NodeSync | None
     attempt_dir: Path
     peer_failed: Callable[[], bool] = lambda: False
+    lease_lost: Callable[[], str | None] = lambda: None  # leader: why another job leads the run now
     hung: bool = False
     ended_by: str | None = None  # why this wrapper ended the trainer, if it did
     forwarded_at: float = 0.0
@@ -195,6 +201,8 @@ class _Watcher:
         return code
 
     def tick(self, now: float) -> None:
+        if self.end_if_lease_lost():
+            return
         self.forward_stop(now)
         self.follow_progress(now)
         if self.sync is not None:
@@ -339,6 +347,20 @@ class _Watcher:
         if self.stop_step is None:
             self.stop_step = agreed_stop_step(stop_step_file(self.attempt_dir))
         return {"step": self.stop_step, **({"deadline": self.deadline.as_dict()} if self.deadline else {})}
+
+    def end_if_lease_lost(self) -> bool:
+        """Another job took the run dir's lease: this trainer must not save, commit or upload any more. KILL, not
+        the save signal (its checkpoint would not count); the attempt then records nothing (attempt.py)."""
+        try:
+            why = self.lease_lost()
+        except OSError as err:  # the run dir's filesystem did not answer just now: the next poll asks again
+            print(f"[swiftslurm] could not read the run dir's lease: {err}", flush=True)
+            return False
+        if why is None:
+            return False
+        print(f"[swiftslurm] killing the trainer: {why}", flush=True)
+        self.end(LEASE_LOST)
+        return True
 
     def end_if_peer_failed(self) -> None:
         # Not after a stop signal: then peers end on their own after their part of the save, and this node's

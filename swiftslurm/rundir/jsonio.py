@@ -1,6 +1,7 @@
 """JSON in a run directory, written and read one way.
 
 - ``write_json_atomic`` / ``write_text_atomic``: the file is whole or absent (temp file, rename).
+- ``create_json_exclusive``: the file is written whole only if no file has its name yet (temp file, link).
 - ``read_json``: a dict or None (missing, torn or not an object); ``peek_json`` also None while another node's
   replace makes it unreadable for a moment (a poll tries again); ``read_json_required``: a dict, or an
   ``UnreadableJson`` naming the file.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,13 @@ def fsync_dir(path: Path) -> None:
 # ---------------------------------------------------------------- whole files
 
 
-def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
+def write_text_atomic(
+    path: Path, text: str, durable: bool = True, before_replace: Callable[[], None] | None = None
+) -> None:
     """Temp file in the same folder, rename: readers see the old file or the new one, never a part. ``durable``:
-    fsync the file and the folder; without, the caller syncs once for many files (sync_filesystems)."""
+    fsync the file and the folder; without, the caller syncs once for many files (sync_filesystems).
+    ``before_replace`` runs once the temp file is written, just before the rename: raising refuses the write
+    (nothing is replaced), as late as a check can come."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as out:
@@ -57,6 +62,8 @@ def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
             if durable:
                 out.flush()
                 os.fsync(out.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -65,9 +72,35 @@ def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any], durable: bool = True) -> None:
+def write_json_atomic(
+    path: Path, data: Mapping[str, Any], durable: bool = True, before_replace: Callable[[], None] | None = None
+) -> None:
     """``data`` as JSON, whole or absent on disk (write_text_atomic)."""
-    write_text_atomic(path, json.dumps(data, indent=1), durable)
+    write_text_atomic(path, json.dumps(data, indent=1), durable, before_replace)
+
+
+def create_json_exclusive(path: Path, data: Mapping[str, Any]) -> bool:
+    """Write ``data`` to ``path`` unless a file of that name exists; True if this call created it. The file
+    appears whole: a durable temp file is hard-linked to the name, and link(2) fails when the name exists,
+    decided by the filesystem itself (the server on NFS, the metadata server on Lustre), no lock involved. A
+    link whose reply NFS lost reports EEXIST though it was made: the temp file's link count says (open(2))."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(data, indent=1))
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, path)
+        except OSError:
+            if os.stat(tmp).st_nlink != 2:
+                raise
+    except FileExistsError:
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
 
 
 def _parse_object(text: str) -> dict[str, Any] | None:

@@ -10,8 +10,9 @@
       attempts.jsonl     one record per attempt, append-only
       attempt_open.json  the attempt in progress, removed once it is recorded; left behind if it died
                          without a record (the next attempt records it as lost)
-      lease.json         the leader's lease: which job leads the run, its fencing token, heartbeat
-      lease.lock         locked while lease.json is read and replaced
+      lease/<token>.json the leader's lease, one file per generation (the newest is the lease): which job
+                         took it, its fencing token; its mtime is the heartbeat (rundir/lease.py)
+      lease.json         an older swiftslurm's lease, read for its holder while no generation exists
       cancelled.json     `swiftslurm cancel` was here
       sync.json          object storage: what is uploaded, what failed
       uploads.jsonl      a line per upload, by storage/uploader.py (when, how long, how much)
@@ -65,8 +66,9 @@ TRAINER_TIMELINE = "trainer.jsonl"  # in logs/<attempt>/: global rank 0's events
 PROGRESS = "progress.json"  # in logs/<attempt>/: global rank 0's heartbeat, each step (rundir/beat.py)
 ACCOUNTING = "accounting.json"  # `status`'s cache of sacct's rows for the run's jobs
 LEADER_BEAT = "leader.json"  # in logs/<attempt>/: node 0 alive, and what it does, while it chooses (restores)
-LEASE = "lease.json"  # the leader's lease on the run dir: holder job, fencing token, heartbeat (rundir/lease.py)
-LEASE_LOCK = "lease.lock"  # held while the lease is read and replaced
+LEASE_DIR = "lease"  # the leader's lease on the run dir, one file per generation (rundir/lease.py)
+LEASE_GENERATION = "{token}.json"  # in lease/: created once, never replaced
+LEASE = "lease.json"  # an older swiftslurm's lease (one file, replaced under a POSIX lock)
 HANG = "hang.json"  # in logs/<attempt>/: node 0 found the run hung; every node dumps its ranks' stacks
 STOP_STEP = "stop.json"  # in logs/<attempt>/: global rank 0's agreed stop step; every node waits for its commit
 SAVE_DEADLINE = "save_deadline.json"  # in logs/<attempt>/: node 0's kill time for a trainer after a stop signal
@@ -150,12 +152,16 @@ def stack_file(stacks_dir: Path, rank: int) -> Path:
     return stacks_dir / STACK_FILE.format(rank=rank)
 
 
+def lease_dir(run_dir: Path) -> Path:
+    return run_dir / LEASE_DIR
+
+
+def lease_generation(run_dir: Path, token: int) -> Path:
+    return lease_dir(run_dir) / LEASE_GENERATION.format(token=token)
+
+
 def lease_file(run_dir: Path) -> Path:
     return run_dir / LEASE
-
-
-def lease_lock(run_dir: Path) -> Path:
-    return run_dir / LEASE_LOCK
 
 
 def resume_file(run_dir: Path, attempt: str) -> Path:

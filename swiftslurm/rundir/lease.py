@@ -2,13 +2,23 @@
 
 `sbatch RUN_DIR/job.sbatch` twice (or a resubmission while the first job still runs) starts two leaders in
 one run dir; both would quarantine, prune and close "lost" attempts in the same output dir. So the leader
-takes the lease (rundir.LEASE) before it touches anything. It gets it when the lease is free, already its own
-job's (a requeue), or held by a job SLURM no longer holds; otherwise it stops. Liveness is SLURM's word,
-never the heartbeat's age (a holder in a long restore writes none): the heartbeat is for people.
+takes the lease before it touches anything. It gets it when the lease is free, already its own job's (a
+requeue), or held by a job SLURM no longer holds; otherwise it stops. Liveness is SLURM's word, never the
+heartbeat's age (a holder in a long restore writes none): the heartbeat is for people.
 
-Every acquisition raises the fencing token by one. Before each destructive step (quarantine, prune, closing
-a lost attempt) the leader checks that the lease still carries its token, so a leader that lost the lease
-does nothing destructive. The trainer's retention gets the token through the environment (TOKEN_ENV).
+The lease is a sequence of generations, `lease/<token>.json`; the newest is the lease, its number the fencing
+token. Taking the lease creates the next generation, once and whole (jsonio.create_json_exclusive: link(2),
+which the filesystem itself refuses when the name exists, on a local disk, NFS or Lustre alike), so two jobs
+that take it at the same moment never get the same token: the one that loses the name reads again and finds
+the other leading. Generations are never replaced or removed, so the newest token only grows. No POSIX lock
+is involved: on NFS mounted `nolock` or `local_lock=...` and on Lustre `localflock` one binds a single node
+only, and on Lustre `noflock` lockf fails (ENOSYS).
+
+Fencing is compare-and-act, not lock-and-act: right before each step that changes the run (quarantine,
+prune, closing a lost attempt, recording a phase, each upload, each manifest the trainer writes) the holder
+lists the generations afresh and acts only while its own is the newest. The wrapper also checks at every
+poll of the trainer and ends it once the lease is gone. The trainer gets the token through the environment
+(TOKEN_ENV) and writes it into each manifest. docs/resilience.md, "Fencing", says what this guarantees where.
 
 The nonce (`<job id>@<SLURM start time>`) names one run of one job: the leader writes it into resume.json,
 and a follower accepts only a resume.json with its own job run's nonce. Job ids restart at 1 on a wiped
@@ -17,26 +27,28 @@ cluster, so logs/<attempt>/resume.json may be a stale one from an earlier job wi
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import os
+import re
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import NodeError, SwiftSlurmError
-from swiftslurm.rundir.jsonio import read_json, write_json_atomic
-from swiftslurm.rundir.layout import lease_file, lease_lock
+from swiftslurm.rundir.jsonio import create_json_exclusive, read_json
+from swiftslurm.rundir.layout import lease_dir, lease_file, lease_generation
 
 if TYPE_CHECKING:
     from swiftslurm.slurm_env import SlurmEnv
 
 
-TOKEN_ENV = "SWIFTSLURM_LEASE_TOKEN"  # set by the wrapper for the trainer: the token its retention checks
+TOKEN_ENV = "SWIFTSLURM_LEASE_TOKEN"  # set by the wrapper for the trainer: the token its commits check
+TAKE_TRIES = 5  # a job that loses the race for a generation reads the lease again, at most this often
+_GENERATION = re.compile(r"(\d+)\.json")
 
 
 class LeaseLost(NodeError):
@@ -55,27 +67,61 @@ class Lease:
         """Whether the lease still carries this leader's token (for steps that skip rather than fail)."""
         return holds(self.run_dir, self.token)
 
+    def lost(self, step: str = "go on leading the run") -> str | None:
+        """Why this leader no longer holds the lease, in one line naming ``step`` (None: it still does)."""
+        return lost(self.run_dir, self.token, step, self.job)
+
     def check(self, step: str) -> None:
-        """Call before a destructive step: raise LeaseLost unless this leader still holds the lease; else
-        refresh the heartbeat."""
-        with _locked(self.run_dir):
-            current = read(self.run_dir)
-            if current.get("token") != self.token:
-                raise LeaseLost(
-                    f"job {self.job} lost the lease on {self.run_dir} (token {self.token}) to job "
-                    f"{current.get('job')} (token {current.get('token')}); not doing: {step}. Only one job "
-                    "leads a run. HINT: let that job finish, or cancel it and requeue this one."
-                )
-            write_json_atomic(lease_file(self.run_dir), {**current, "heartbeat": round(time.time(), 3)})
+        """Call right before a step that changes the run: raise LeaseLost unless this leader still holds the
+        lease; else refresh the heartbeat."""
+        if (why := self.lost(step)) is not None:
+            raise LeaseLost(why)
+        with contextlib.suppress(OSError):  # the heartbeat is for people: never fail a step for it
+            os.utime(lease_generation(self.run_dir, self.token))
+
+
+def current_token(run_dir: Path) -> int:
+    """The lease's token now: its newest generation's (0: nobody ever held it). Listed afresh at every call;
+    opening the folder revalidates it on NFS (close-to-open), so another node's new generation shows at once."""
+    newest = _newest_generation(run_dir)
+    return newest if newest is not None else int(_older_lease(run_dir).get("token") or 0)
 
 
 def read(run_dir: Path) -> dict[str, Any]:
-    """The lease as written ({} when nobody ever held it, or it is unreadable)."""
-    return read_json(lease_file(run_dir)) or {}
+    """The lease as its newest generation says, with ``heartbeat`` (the file's mtime); {} when nobody ever held
+    it. Before the first generation, the lease.json an older swiftslurm wrote, if any."""
+    newest = _newest_generation(run_dir)
+    if newest is None:
+        return _older_lease(run_dir)
+    path = lease_generation(run_dir, newest)
+    try:
+        beat = round(path.stat().st_mtime, 3)
+    except OSError:
+        beat = None
+    return {**(read_json(path) or {}), "token": newest, "heartbeat": beat}
 
 
 def holds(run_dir: Path, token: int) -> bool:
-    return read(run_dir).get("token") == token
+    return current_token(run_dir) == token
+
+
+def lost(run_dir: Path, token: int, step: str, job: str | None = None) -> str | None:
+    """Why the holder of ``token`` no longer holds the lease, in one line (None: it still does)."""
+    if current_token(run_dir) == token:
+        return None
+    current = read(run_dir)
+    who = f"job {job}" if job else "the job that started this trainer"
+    return (
+        f"{who} lost the lease on {run_dir} (token {token}) to job {current.get('job')} (token "
+        f"{current.get('token')}); not doing: {step}. Only one job leads a run. HINT: let that job finish, or "
+        "cancel it and requeue this one."
+    )
+
+
+def fence(run_dir: Path, token: int, step: str) -> None:
+    """Raise LeaseLost unless ``token`` is still the lease's: call right before ``step``."""
+    if (why := lost(run_dir, token, step)) is not None:
+        raise LeaseLost(why)
 
 
 def job_of(where: SlurmEnv) -> str:
@@ -87,7 +133,8 @@ def acquire(run_dir: Path, where: SlurmEnv, attempt: str, alive: Callable[[str],
     """Take the lease for this job, or say in one line why not (another job that SLURM still holds leads
     the run). ``alive`` asks SLURM about a job (default: squeue, retried as slurm.RETRY says)."""
     me = job_of(where)
-    with _locked(run_dir):
+    lease_dir(run_dir).mkdir(exist_ok=True)
+    for _ in range(TAKE_TRIES):
         current = read(run_dir)
         holder = current.get("job")
         if holder and holder != me and (why := _still_leads(holder, alive or slurm_cli.job_alive)):
@@ -96,10 +143,39 @@ def acquire(run_dir: Path, where: SlurmEnv, attempt: str, alive: Callable[[str],
                 f"run dir: wait for job {holder}, or `scancel {holder}` first (the run then resumes here)."
             )
         token = int(current.get("token") or 0) + 1
-        now = round(time.time(), 3)
-        lease = {"job": me, "token": token, "attempt": attempt, "host": socket.gethostname(), "acquired": now}
-        write_json_atomic(lease_file(run_dir), {**lease, "heartbeat": now, "previous": holder})
-    return Lease(run_dir, me, token)
+        record = {"job": me, "token": token, "attempt": attempt, "host": socket.gethostname()}
+        if _create(run_dir, token, {**record, "acquired": round(time.time(), 3), "previous": holder}):
+            return Lease(run_dir, me, token)
+    return (
+        f"job {me} does not lead {run_dir}: other jobs took its lease {TAKE_TRIES} times while it tried; it stops "
+        f"without touching the run. HINT: one job per run dir: {lease_dir(run_dir)} says which jobs took it."
+    )
+
+
+def _create(run_dir: Path, token: int, record: dict[str, Any]) -> bool:
+    """Create generation ``token`` (False: another job created it first)."""
+    path = lease_generation(run_dir, token)
+    try:
+        return create_json_exclusive(path, record)
+    except OSError as err:
+        raise NodeError(
+            f"cannot take the lease on {run_dir}: linking {path} failed ({err.strerror or err}). Leaders are "
+            "fenced by creating a file that must not exist yet (link(2), as on local disks, NFS and Lustre), "
+            "not by locks. HINT: put run_dir on a filesystem with hard links."
+        ) from err
+
+
+def _newest_generation(run_dir: Path) -> int | None:
+    try:
+        names = os.listdir(lease_dir(run_dir))
+    except FileNotFoundError:
+        return None
+    return max((int(match.group(1)) for name in names if (match := _GENERATION.fullmatch(name))), default=None)
+
+
+def _older_lease(run_dir: Path) -> dict[str, Any]:
+    """lease.json, the lease an older swiftslurm kept in one file ({} without one)."""
+    return read_json(lease_file(run_dir)) or {}
 
 
 def led_elsewhere(run_dir: Path, where: SlurmEnv, alive: Callable[[str], bool] | None = None) -> str | None:
@@ -138,14 +214,3 @@ def nonce(where: SlurmEnv) -> str | None:
     except SwiftSlurmError as err:  # then resume.json is taken as before nonces, whoever wrote it
         print(f"[swiftslurm] job {job}: SLURM could not say when it started, so no nonce: {err}", flush=True)
         return None
-
-
-@contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
-    """An exclusive POSIX lock on lease.lock (NFS carries these) while the lease is read and replaced."""
-    with open(lease_lock(run_dir), "a") as handle:
-        fcntl.lockf(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(handle, fcntl.LOCK_UN)

@@ -83,8 +83,9 @@ class NodeSync:
         self._written: dict[str, Any] | None = None
 
     def poll(self, now: float) -> None:
-        """Submit committed checkpoints not submitted yet (at most every SCAN_S), and refresh sync.json."""
-        if now - self._scanned_at < SCAN_S:
+        """Submit committed checkpoints not submitted yet (at most every SCAN_S), and refresh sync.json; nothing
+        once this node lost the run dir's lease (sync.json is the new leader's)."""
+        if now - self._scanned_at < SCAN_S or (self._leads is not None and not self._leads()):
             return
         self._scanned_at = now
         for step, path in checkpoint_dirs(self.output_dir):
@@ -111,6 +112,11 @@ class NodeSync:
         else:
             log.info(f"[swiftslurm] every committed checkpoint is in {self.spec.url}: {state['remote']}")
         return left
+
+    def stop(self) -> None:
+        """This node lost the run dir's lease: stop at once, uploading nothing more (an upload in flight is
+        cancelled), and leave sync.json to the new leader."""
+        self.uploader.drain(0.0)
 
     def _prune_local(self) -> None:
         """Beyond the newest ``keep_local`` committed checkpoints, delete those the store has (or has a newer

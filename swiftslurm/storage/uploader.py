@@ -43,7 +43,8 @@ class Uploader:
     (Unix time), seconds, files, size, already_remote) when given: when each upload ran, to set beside
     training's steps.
     `drain` ends it: it waits (bounded) and returns what is still not uploaded. The thread is not a daemon,
-    and an interpreter exiting without `drain` drains for `wait_at_exit_s` first."""
+    and an interpreter exiting without `drain` drains for `wait_at_exit_s` first. Once ``leads()`` says this
+    node lost the run dir's lease (asked before every upload), nothing more is uploaded or pruned."""
 
     BACKOFF_S = (2.0, 60.0)  # first retry after 2 s, doubling up to 60 s
     DRAIN_BACKOFF_S = 1.0  # while draining, retry at once (botocore has backed off per request already)
@@ -58,7 +59,7 @@ class Uploader:
     ) -> None:
         self.store = store
         self.keep = store.spec.keep if keep is None else keep
-        self.leads = leads  # whether this node still leads the run (rundir/lease.py); only a leader prunes
+        self.leads = leads  # whether this node still leads the run (rundir/lease.py); only a leader uploads, prunes
         self.history = history
         self._pending: list[_Pending] = []
         self._failures: list[str] = []
@@ -164,6 +165,9 @@ class Uploader:
 
     def _attempt(self, item: _Pending) -> None:
         try:
+            if self.leads is not None and not self.leads():  # checked before every upload
+                self._drop(item, "this job lost the run dir's lease to another job, which uploads from now on")
+                return
             uploaded = not self._outranked(item)
             if uploaded:
                 started = time.time()
@@ -197,6 +201,14 @@ class Uploader:
             log.info(f"[swiftslurm] not uploading {item.checkpoint.name}: {len(newer)} newer ones are remote")
             return True
         return False
+
+    def _drop(self, item: _Pending, why: str) -> None:
+        message = f"not uploading {item.checkpoint.name}: {why}"
+        with self._changed:
+            self._pending.remove(item)
+            self._failures.append(message)
+            self._changed.notify_all()
+        log.warning(f"[swiftslurm] {message}")
 
     def _failed(self, item: _Pending, err: Exception) -> None:
         with self._changed:

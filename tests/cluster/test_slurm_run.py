@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import MANIFEST
+from swiftslurm.rundir import lease
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import TERMINAL, attempts, job_state, status, wait_for_job, wait_until
 from tests.conftest import REPO
@@ -143,7 +144,7 @@ def test_a_second_sbatch_of_one_run_dir_stops_without_touching_it_and_the_first_
     jobs = [first]
     try:
         wait_until(lambda: (run_dir / "output" / "checkpoint-10" / MANIFEST).is_file(), 300, "checkpoint-10")
-        lease_before = json.loads((run_dir / "lease.json").read_text())
+        lease_before = lease.read(run_dir)
         assert lease_before["job"] == first
         output_before = sorted(p.name for p in (run_dir / "output").iterdir())
         second = sbatch(run_dir)
@@ -158,7 +159,7 @@ def test_a_second_sbatch_of_one_run_dir_stops_without_touching_it_and_the_first_
             if f"job {second} does not lead" in line
         ]
         assert len(stop_lines) == 1 and f"job {first} holds the lease" in stop_lines[0], stop_lines
-        assert json.loads((run_dir / "lease.json").read_text())["token"] == lease_before["token"]
+        assert lease.read(run_dir)["token"] == lease_before["token"]
         assert not (run_dir / "output" / "quarantine").exists()
         assert set(output_before) <= {p.name for p in (run_dir / "output").iterdir()}  # nothing pruned or moved
         assert [r["job_id"] for r in attempts(run_dir)] == []  # the first's open attempt was not closed as lost

@@ -439,16 +439,18 @@ def test_submission_refuses_a_prefix_that_holds_another_runs_checkpoints(
     assert "aaaaaaaaaaaaaaaa" in message and plan.identity() in message and "storage.prefix=" in message
 
 
-def test_an_uploader_whose_job_lost_the_lease_prunes_nothing_remote(store: CheckpointStore, tmp_path: Path) -> None:
-    """Issue 14, item 4: remote retention is a destructive step too; only the run dir's leader applies it."""
+def test_an_uploader_whose_job_lost_the_lease_uploads_and_prunes_nothing_remote(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Issue 14, item 4: remote retention is a destructive step too; only the run dir's leader applies it. Issue
+    25, item 8: nor does a job that lost the lease upload any more (here it uploaded 10-30 while it led)."""
+    for step in (10, 20, 30):
+        store.upload(make_checkpoint(tmp_path, step, small=1))
     uploader = Uploader(store, keep=1, leads=lambda: False)
-    for step in (10, 20, 30):  # one at a time: the uploader takes the newest first and skips outranked ones
-        uploader.submit(make_checkpoint(tmp_path, step, small=1))
-        deadline = time.monotonic() + 60
-        while step not in uploader.remote() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    uploader.submit(make_checkpoint(tmp_path, 40, small=1))
     assert uploader.drain(timeout_s=60) == []
     assert store.committed_steps() == [10, 20, 30]
+    assert "not uploading checkpoint-40" in uploader.failures()[-1]
 
 
 # --- issue 25, item 9: upload integrity -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from swiftslurm.node.conclude import close_lost_attempt
 from swiftslurm.node.watch import trainer_env
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
-from swiftslurm.rundir.layout import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_file
+from swiftslurm.rundir.layout import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_dir
 from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.submit.jobs import prepare_run_dir
@@ -28,6 +28,10 @@ from tests.conftest import plan_for
 
 def leader_of(job: str, restart: int = 0) -> SlurmEnv:
     return SlurmEnv(job_id=job, hosts=("n1",), node_id=0, num_nodes=1, proc_id=0, num_tasks=1, restart_count=restart)
+
+
+def lease_files(run_dir: Path) -> dict[str, str]:
+    return {path.name: path.read_text() for path in lease_dir(run_dir).iterdir()}
 
 
 def a_plan(run_dir: Path, *overrides: str) -> JobPlan:
@@ -127,11 +131,11 @@ def test_the_token_rises_with_each_acquisition_and_a_requeue_takes_its_own_lease
 
 def test_a_second_job_does_not_lead_while_slurm_holds_the_first(tmp_path: Path) -> None:
     held = lease.acquire(tmp_path, leader_of("5"), "5", alive=lambda job: False)
-    before = lease_file(tmp_path).read_text()
+    before = lease_files(tmp_path)
     refused = lease.acquire(tmp_path, leader_of("6"), "6", alive=lambda job: job == "5")
     assert isinstance(held, lease.Lease) and isinstance(refused, str)
     assert "job 5 holds the lease" in refused and "HINT" in refused and "\n" not in refused
-    assert lease_file(tmp_path).read_text() == before  # the holder's lease is untouched
+    assert lease_files(tmp_path) == before  # the holder's lease is untouched
 
 
 def test_a_leader_whose_slurm_cannot_be_asked_does_not_take_over(tmp_path: Path) -> None:
