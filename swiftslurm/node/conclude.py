@@ -373,7 +373,7 @@ def _with_node_count(plan: JobPlan, decision: decide.Decision) -> decide.Decisio
 
 
 def _reached_last_step(plan: JobPlan) -> bool:
-    return engine_for(plan.launcher).reached_last_step(plan.output_dir)
+    return engine_for(plan.launcher).reached_last_step(plan.output_dir, plan.swift_argv)
 
 
 def _budget(plan: JobPlan) -> decide.Budget:

@@ -28,7 +28,7 @@ OOM_HINT = (
 class Reason(str, Enum):
     """Why an attempt ended."""
 
-    FINISHED = "finished"  # training reached its last step
+    FINISHED = "finished"  # a committed checkpoint of the last step exists (engine adapter: reached_last_step)
     PREEMPTED = "preempted"  # SLURM's signal (or a manual one) arrived well before the time limit
     TIMED_OUT = "timed_out"  # the signal arrived near the time limit
     UNKNOWN_STOP = "unknown_stop"  # a stop signal when SLURM could not say when the time limit ends

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm import slurm as slurm_cli
-from swiftslurm.ckpt.checkpoint import ResumePoint
+from swiftslurm.ckpt.checkpoint import ResumePoint, commit
 from swiftslurm.node import conclude as conclude_mod
 from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
@@ -101,11 +101,13 @@ def conclude(
     hang: dict[str, object] | None = None,
     ended_by: str | None = None,
     ended_at: float | None = None,
+    resume: ResumePoint | None = None,
+    started_s_ago: float = 3600,
 ) -> Decision:
     """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result
         (with `exit_code`; a result written before leaves it); `restarts`: the restarts in place the allocation has
         made (5 spends the default budget: a requeue); `ended_by`, `ended_at`: why node 0's wrapper ended its trainer,
-    and when it saw it exit (now by default)."""
+    and when it saw it exit (now by default); `resume`: where the attempt resumed (default: from scratch)."""
     plan = a_plan(tmp_path)
     run_dir = Path(plan.run_dir)
     here = attempt_dir(run_dir, ATTEMPT)
@@ -117,9 +119,9 @@ def conclude(
             records.write_node_result(here, node, HOSTS[node], exit_code, ended, ended_by if node == 0 else None)
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     watch = ProgressWatch(progress_file(here), time.time())
-    started = time.time() - 3600
+    started = time.time() - started_s_ago
     observed = Observed(exit_code, signals or [], hang is not None, watch, started, ended, ended_by, hang=hang)
-    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
+    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, resume or ResumePoint(None, 0), observed, restarts)
 
 
 def recorded(tmp_path: Path) -> dict[str, object]:
@@ -387,3 +389,28 @@ def test_a_swiftslurm_cancel_is_not_described_as_a_preemption(tmp_path: Path, sl
 def test_a_cancel_keeps_only_what_its_own_signal_did_not_cause(reason: Reason, explanation: str, why: str) -> None:
     decision = decide.cancelled("swiftslurm cancel", reason, explanation, 225)
     assert (decision.action, decision.reason, decision.why) == (Action.STOP, Reason.CANCELLED, why)
+
+
+# --- issue 25: finished means the last step is committed; start-up errors; stops that never commit -----------
+
+
+def committed(tmp_path: Path, step: int, last_step: int = 20) -> Path:
+    folder = tmp_path / "run" / "output" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    commit(folder, world_size=2, swift_version="4.6.0", last_step=last_step)
+    return folder
+
+
+def test_a_trainer_that_logged_its_summary_but_never_committed_its_last_step_has_not_finished(
+    tmp_path: Path, slurm: FakeSlurm
+) -> None:
+    """Transformers logs the summary before on_train_end joins the last commit: a commit that hits ENOSPC, loses
+    a peer or is killed leaves the summary behind, and exit code 0 before issue 25."""
+    committed(tmp_path, 10)
+    (tmp_path / "run" / "output" / "checkpoint-20").mkdir()  # saved, never committed
+    summary = {"train_runtime": 30.2, "train_loss": 6.3, "global_step/max_steps": "20/20"}
+    (tmp_path / "run" / "output" / "logging.jsonl").write_text(json.dumps(summary) + "\n")
+    decision = conclude(tmp_path, exit_code=0, results=(0, 1), resume=ResumePoint(None, 0))
+    assert decision.reason is Reason.INFRA and decision.action is Action.RESTART, decision.why
+    assert records.read_status(tmp_path / "run")["state"] == "restarting"  # type: ignore[index]
