@@ -258,7 +258,14 @@ def _facts(
         elapsed_s=time.time() - observed.started,
         failed_host=failed,
         unrestored=observed.unrestored,
+        trained_before=_trained_before(run_dir, resume),
     )
+
+
+def _trained_before(run_dir: Path, resume: ResumePoint) -> bool:
+    """Whether the run trained before this attempt: it resumes a committed checkpoint, or an earlier attempt
+    logged a training step."""
+    return resume.step > 0 or any(past.first_step_at is not None for past in records.read_attempts(run_dir))
 
 
 def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> tuple[decide.Reason | None, str | None]:

@@ -68,6 +68,9 @@ class AttemptFacts:
     elapsed_s: float
     failed_host: str | None  # a host with positive evidence of failing (see `blame`), if any
     unrestored: str | None = None  # why no trainer started: the object store could not be read (node/resume.py)
+    # The run trained before this attempt: it resumed from a committed checkpoint, or an earlier attempt logged a
+    # step. Then the same input has worked, and an error at start-up is the machine's, not the user's.
+    trained_before: bool = False
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -275,10 +278,12 @@ def classify_log(facts: AttemptFacts, user_error_window_s: float) -> tuple[Reaso
     if failure.kind == "cuda_oom":  # the same batch on the same GPUs runs out of memory again
         short = one_line(failure.line, limit=100)
         return Reason.USER_ERROR, f"{short} ({steps}): the config does not fit in GPU memory. {OOM_HINT}"
-    if facts.steps_done == 0 and facts.elapsed_s < user_error_window_s:
+    if facts.steps_done == 0 and facts.elapsed_s < user_error_window_s and not facts.trained_before:
         return Reason.USER_ERROR, f"{line} ({steps})"
-    # After training started (or after a long start-up) the same input worked: more likely the machine.
-    return infra(facts, f"{line} ({steps}, {facts.elapsed_s:.0f}s in)")
+    # After training started (in this attempt or an earlier one), or after a long start-up, the same input
+    # worked: more likely the machine (a stale file handle, the hub unreachable).
+    trained = "; the run trained before" if facts.trained_before and facts.steps_done == 0 else ""
+    return infra(facts, f"{line} ({steps}, {facts.elapsed_s:.0f}s in{trained})")
 
 
 def infra(facts: AttemptFacts, explanation: str) -> tuple[Reason, str]:

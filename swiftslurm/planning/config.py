@@ -206,7 +206,9 @@ class ResilienceConfig:
     )
     hang_window_floor_s: float = doc(300.0, "The learned hang window is never shorter than this, in seconds.")
     user_error_window_s: float = doc(
-        300.0, "A Python error before any step within this many seconds of the start is a user error: no retry."
+        300.0,
+        "A Python error before any step within this many seconds of the start is a user error (no retry), on a "
+        "run that never trained (no committed checkpoint, no step logged by an earlier attempt).",
     )
     min_nodes: int | None = doc(
         None,

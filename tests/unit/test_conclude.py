@@ -393,6 +393,8 @@ def test_a_cancel_keeps_only_what_its_own_signal_did_not_cause(reason: Reason, e
 
 # --- issue 25: finished means the last step is committed; start-up errors; stops that never commit -----------
 
+STALE_HANDLE = "[rank0]: Traceback (most recent call last):\n[rank0]: OSError: [Errno 116] Stale file handle\n"
+
 
 def committed(tmp_path: Path, step: int, last_step: int = 20) -> Path:
     folder = tmp_path / "run" / "output" / f"checkpoint-{step}"
@@ -414,3 +416,25 @@ def test_a_trainer_that_logged_its_summary_but_never_committed_its_last_step_has
     decision = conclude(tmp_path, exit_code=0, results=(0, 1), resume=ResumePoint(None, 0))
     assert decision.reason is Reason.INFRA and decision.action is Action.RESTART, decision.why
     assert records.read_status(tmp_path / "run")["state"] == "restarting"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("trained", "reason", "state"),
+    [
+        (None, Reason.USER_ERROR, "failed"),  # a new run: the input is wrong until shown otherwise
+        ("resumed", Reason.INFRA, "requeued"),  # resumed after days of training: the same input worked
+        ("logged-a-step", Reason.INFRA, "requeued"),  # an earlier attempt trained, committed nothing
+    ],
+)
+def test_an_error_at_start_up_stops_only_a_run_that_never_trained(
+    tmp_path: Path, slurm: FakeSlurm, trained: str | None, reason: Reason, state: str
+) -> None:
+    here = attempt_dir(tmp_path / "run", ATTEMPT)
+    here.mkdir(parents=True)
+    node_log(here, 0).write_text(STALE_HANDLE)
+    resume = ResumePoint(committed(tmp_path, 10), 10) if trained == "resumed" else ResumePoint(None, 0)
+    if trained == "logged-a-step":
+        past_attempts(tmp_path, {"attempt": "76", "reason": "infra", "decision": "requeue", "first_step_at": 5.0})
+    decision = conclude(tmp_path, exit_code=1, results=(0,), resume=resume, started_s_ago=40)
+    assert decision.reason is reason, decision.why
+    assert records.read_status(tmp_path / "run")["state"] == state  # type: ignore[index]

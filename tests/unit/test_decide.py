@@ -692,3 +692,43 @@ def test_restarts_count_in_the_history_like_any_infra_attempt() -> None:
         AttemptRecord(reason="infra", decision="restart", progressed=False, end=2.0),
     ]
     assert history_of(recorded) == history(attempts=2, consecutive_failures=2, failed_hosts=())
+
+
+# --- an error at start-up is the user's only on a run that never trained (issue 25, item 3) ---------------
+
+STALE_FILE_HANDLE = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/opt/conda/lib/python3.11/site-packages/swift/llm/train/sft.py", line 120, in _prepare_model_tokenizer
+[rank0]:     with open(os.path.join(model_dir, 'config.json')) as f:
+[rank0]: OSError: [Errno 116] Stale file handle: '/models/Qwen3-8B/config.json'
+"""
+
+HUB_CONNECTION_ERROR = """\
+Traceback (most recent call last):
+  File "/opt/conda/lib/python3.11/site-packages/requests/adapters.py", line 700, in send
+    raise ConnectionError(e, request=request)
+requests.exceptions.ConnectionError: HTTPSConnectionPool(host='www.modelscope.cn', port=443): Max retries exceeded
+"""
+
+
+@pytest.mark.parametrize(
+    ("log_tail", "trained_before", "reason"),
+    [
+        (STALE_FILE_HANDLE, False, Reason.USER_ERROR),
+        (STALE_FILE_HANDLE, True, Reason.INFRA),  # resumed after days of training: the same files worked
+        (HUB_CONNECTION_ERROR, False, Reason.USER_ERROR),
+        (HUB_CONNECTION_ERROR, True, Reason.INFRA),
+        (MISSING_DATASET, True, Reason.INFRA),
+        (CUDA_OOM, True, Reason.USER_ERROR),  # the same batch on the same GPUs runs out of memory again
+    ],
+    ids=["stale-handle-new", "stale-handle-trained", "hub-new", "hub-trained", "dataset-trained", "oom-trained"],
+)
+def test_an_error_at_start_up_is_a_user_error_only_on_a_run_that_never_trained(
+    log_tail: str, trained_before: bool, reason: Reason
+) -> None:
+    classified, why = classify(facts(log_tail=log_tail, elapsed_s=35.0, trained_before=trained_before))
+    assert classified is reason, why
+    decision = decide(classified, why, history(), Budget())
+    assert decision.action is (Action.STOP if reason is Reason.USER_ERROR else Action.REQUEUE)
+    if reason is Reason.INFRA:
+        assert "the run trained before" in why
