@@ -299,6 +299,7 @@ class Budget:
     max_timeouts: int = 20  # time-outs that are requeued; one more stops the run
     max_unknown_stops: int = 5  # stop signals of unknown cause (SLURM could not say the end time) requeued
     max_consecutive_failures: int = 3  # INFRA attempts in a row without a new checkpoint that are requeued
+    max_stops_without_progress: int = 10  # stop signals in a row whose attempt committed nothing, requeued
     backoff_base_s: float = 30  # wait after the first infrastructure failure; doubles with each one in a row
     backoff_max_s: float = 600
     exclude_host_s: float = 21600  # how long a failed host stays excluded, in seconds
@@ -315,6 +316,9 @@ class History:
     failed_hosts: tuple[tuple[str, float], ...] = ()  # (host, when it last failed), oldest failure first
     preemptions: int = 0  # not counted against Budget.max_attempts
     unknown_stops: int = 0
+    # Attempts in a row that a stop signal ended (SIGNAL_REASONS) without a new committed checkpoint; 0 after
+    # any attempt that committed one or finished. Other attempts without progress neither add nor clear it.
+    stops_without_progress: int = 0
 
 
 def history_after(
@@ -337,6 +341,7 @@ def history_after(
         failed_hosts=hosts,
         preemptions=before.preemptions + (reason is Reason.PREEMPTED),
         unknown_stops=before.unknown_stops + (reason is Reason.UNKNOWN_STOP),
+        stops_without_progress=stops_after(before.stops_without_progress, reason, committed_new_checkpoint),
     )
 
 
@@ -358,6 +363,13 @@ def failures_after(previous: int, reason: Reason, committed_new_checkpoint: bool
     if committed_new_checkpoint or reason is Reason.FINISHED:
         return 0
     return previous + 1 if reason is Reason.INFRA else previous
+
+
+def stops_after(previous: int, reason: Reason, committed_new_checkpoint: bool) -> int:
+    """Progress resets the count; a stop signal without progress adds to it; anything else leaves it."""
+    if committed_new_checkpoint or reason is Reason.FINISHED:
+        return 0
+    return previous + 1 if reason in SIGNAL_REASONS else previous
 
 
 @dataclass(frozen=True)
@@ -489,6 +501,8 @@ def decide_by_reason(
         return Decision(Action.DONE, reason, f"{explanation}; done")
     if reason is Reason.USER_ERROR:
         return Decision(Action.STOP, reason, f"user error: {explanation}; not retried: fix it, then {RESUBMIT}")
+    if reason in SIGNAL_REASONS and history.stops_without_progress > budget.max_stops_without_progress:
+        return stalled_by_stops(reason, explanation, history, budget)
     if reason is Reason.PREEMPTED:
         return Decision(Action.REQUEUE, reason, f"{explanation}; requeued (preemptions are unlimited)", 0, exclude)
     if reason is Reason.TIMED_OUT:
@@ -496,6 +510,21 @@ def decide_by_reason(
     if reason is Reason.UNKNOWN_STOP:
         return decide_unknown_stop(explanation, history, budget, exclude)
     return decide_infra(explanation, history, budget, exclude)
+
+
+def stalled_by_stops(reason: Reason, explanation: str, history: History, budget: Budget) -> Decision:
+    """Stop signals keep ending attempts before anything is committed: the save after the signal does not fit
+    in the time SLURM gives it, and the periodic saves come rarer than the stops. Requeued again, the run
+    would only repeat the same steps (preemptions are otherwise unlimited)."""
+    stops = history.stops_without_progress
+    why = (
+        f"stopped: no progress: the last {stops} attempts were ended by a stop signal (preemption or time limit) "
+        f"before a new checkpoint was committed, the last: {explanation}; the save after the signal does not fit "
+        "in the lead SLURM gives it, and periodic saves come rarer than the stops. HINT: raise "
+        "`cluster.signal_lead_s` (on a preemption the partition's GraceTime is the limit), save more often "
+        f"(`swift.save_steps`), or raise `resilience.max_stops_without_progress`, then {RESUBMIT}"
+    )
+    return Decision(Action.STOP, reason, why)
 
 
 def decide_timeout(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:

@@ -177,6 +177,12 @@ class ResilienceConfig:
     max_consecutive_failures: int = doc(
         3, "Infrastructure failures in a row without a new committed checkpoint before the run stops."
     )
+    max_stops_without_progress: int = doc(
+        10,
+        "Stop signals (preemptions, time-outs) in a row that end attempts without a new committed checkpoint "
+        "and are requeued; one more stops the run (the save after the signal does not fit: see "
+        "`cluster.signal_lead_s`).",
+    )
     backoff_base_s: float = doc(30.0, "Delay before the first retry after a failure, in seconds; doubles each time.")
     backoff_max_s: float = doc(600.0, "Longest retry delay, in seconds.")
     exclude_host_s: float = doc(

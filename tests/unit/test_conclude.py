@@ -438,3 +438,24 @@ def test_an_error_at_start_up_stops_only_a_run_that_never_trained(
     decision = conclude(tmp_path, exit_code=1, results=(0,), resume=resume, started_s_ago=40)
     assert decision.reason is reason, decision.why
     assert records.read_status(tmp_path / "run")["state"] == state  # type: ignore[index]
+
+
+def test_stop_signals_that_never_let_a_checkpoint_commit_stop_the_run_and_status_says_why(
+    tmp_path: Path, slurm: FakeSlurm
+) -> None:
+    stalled = {"reason": "preempted", "decision": "requeue", "progressed": False}
+    past_attempts(tmp_path, *[{"attempt": f"77.r{i}", **stalled} for i in range(10)])
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert (decision.reason, decision.action) == (Reason.PREEMPTED, Action.STOP)
+    status = records.read_status(tmp_path / "run")
+    assert status is not None and status["state"] == "failed"
+    assert str(status["why"]).startswith("stopped: no progress: the last 11 attempts were ended by a stop signal")
+    assert "cluster.signal_lead_s" in str(status["why"])
+
+
+def test_a_stop_signal_that_let_the_run_commit_keeps_it_going(tmp_path: Path, slurm: FakeSlurm) -> None:
+    stalled = {"reason": "preempted", "decision": "requeue", "progressed": False}
+    past_attempts(tmp_path, *[{"attempt": f"77.r{i}", **stalled} for i in range(10)])
+    committed(tmp_path, 10)  # the stop-save of this attempt
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert decision.action is Action.REQUEUE

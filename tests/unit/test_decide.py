@@ -732,3 +732,48 @@ def test_an_error_at_start_up_is_a_user_error_only_on_a_run_that_never_trained(
     assert decision.action is (Action.STOP if reason is Reason.USER_ERROR else Action.REQUEUE)
     if reason is Reason.INFRA:
         assert "the run trained before" in why
+
+
+# --- stop signals that never let a checkpoint be committed (issue 25, item 5) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "stops", "action"),
+    [
+        (Reason.PREEMPTED, 1, Action.REQUEUE),
+        (Reason.PREEMPTED, 10, Action.REQUEUE),
+        (Reason.PREEMPTED, 11, Action.STOP),  # preemptions are unlimited only while they let the run progress
+        (Reason.TIMED_OUT, 11, Action.STOP),
+        (Reason.UNKNOWN_STOP, 11, Action.STOP),
+        (Reason.INFRA, 11, Action.REQUEUE),  # infrastructure failures have their own count
+    ],
+)
+def test_stop_signals_without_progress_stop_the_run_once_their_budget_is_spent(
+    reason: Reason, stops: int, action: Action
+) -> None:
+    past = history(attempts=stops, preemptions=stops, stops_without_progress=stops, timeouts=1, unknown_stops=1)
+    decision = decide(reason, f"{reason.value} before any training step", past, Budget())
+    assert decision.action is action, decision.why
+    if action is Action.STOP:
+        assert decision.reason is reason
+        assert decision.why.startswith(f"stopped: no progress: the last {stops} attempts were ended by a stop signal")
+        assert "cluster.signal_lead_s" in decision.why and "resilience.max_stops_without_progress" in decision.why
+
+
+@pytest.mark.parametrize(
+    ("attempts", "stops"),
+    [
+        ([(Reason.PREEMPTED, False, None)] * 3, 3),
+        ([(Reason.PREEMPTED, False, None), (Reason.TIMED_OUT, False, None), (Reason.UNKNOWN_STOP, False, None)], 3),
+        ([(Reason.PREEMPTED, False, None), (Reason.PREEMPTED, True, None), (Reason.PREEMPTED, False, None)], 1),
+        ([(Reason.PREEMPTED, False, None), (Reason.INFRA, False, None), (Reason.PREEMPTED, False, None)], 2),
+        ([(Reason.PREEMPTED, False, None), (Reason.INFRA, True, None)], 0),
+    ],
+    ids=["preemptions", "any-stop-signal", "a-commit-resets", "a-failure-keeps", "a-failure-with-commit-resets"],
+)
+def test_history_counts_stop_signals_in_a_row_without_progress(
+    attempts: list[tuple[Reason, bool, str | None]], stops: int
+) -> None:
+    assert fold(*attempts).stops_without_progress == stops
+    records = [record(reason, Action.REQUEUE, committed) for reason, committed, _ in attempts]
+    assert history_of(records) == fold(*attempts)
