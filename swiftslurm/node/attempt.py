@@ -47,6 +47,7 @@ from swiftslurm.node.conclude import (
     job_times,
     record_refusal,
     record_requeue_failure,
+    record_uploads,
     stop_after_preflight,
 )
 from swiftslurm.node.heartbeat import LeaderBeat
@@ -326,7 +327,7 @@ def _finish_uploads(a: Attempt) -> Phase:
     if times is not None and times.limit_ends is not None:
         budget = min(budget, times.limit_ends - time.time() - KILL_MARGIN_S)
     a.sync.drain(budget, _DrainCut(a.where, a.signals, len(a.observed.signals)).left_s)
-    records.update_status(a.run_dir, storage=a.sync.state())
+    record_uploads(a.run_dir, a.plan.output_dir, a.decision, a.sync.state())
     return Phase.ACT
 
 

@@ -459,3 +459,37 @@ def test_a_stop_signal_that_let_the_run_commit_keeps_it_going(tmp_path: Path, sl
     committed(tmp_path, 10)  # the stop-save of this attempt
     decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
     assert decision.action is Action.REQUEUE
+
+
+@pytest.mark.parametrize(
+    ("pending", "action", "noted"),
+    [
+        ([10, 20], Action.DONE, True),  # the drain was cut (SLURM's end), or the store refused every try
+        ([10], Action.DONE, False),  # the last one is in the store: a restore gets the result
+        ([20], Action.REQUEUE, False),  # the next attempt uploads it
+    ],
+)
+def test_a_finished_run_whose_last_checkpoint_is_not_uploaded_says_so(
+    tmp_path: Path, pending: list[int], action: Action, noted: bool
+) -> None:
+    run_dir = tmp_path / "run"
+    committed(tmp_path, 10), committed(tmp_path, 20)
+    records.write_status(run_dir, "finished", why="training reached its last step; done")
+    storage = {
+        "url": "s3://b/runs/x/",
+        "remote": [],
+        "pending": pending,
+        "last_failure": "upload of checkpoint-20 failed",
+    }
+    conclude_mod.record_uploads(
+        run_dir, run_dir / "output", Decision(action, Reason.FINISHED, "training reached its last step; done"), storage
+    )
+    status = records.read_status(run_dir)
+    assert status is not None and status["state"] == "finished" and status["storage"] == storage
+    assert ("is not uploaded" in status["why"]) is noted, status["why"]
+    if noted:
+        assert status["why"] == (
+            "training reached its last step; done, but checkpoint-20, the last, is not uploaded to s3://b/runs/x/ "
+            f"(upload of checkpoint-20 failed); it is committed in {run_dir / 'output' / 'checkpoint-20'}. HINT: "
+            f"`python -m swiftslurm.ops.storage_cli upload --run-dir {run_dir}` uploads it"
+        )
