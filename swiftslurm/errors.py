@@ -78,6 +78,13 @@ class NodeError(SwiftSlurmError):
     """The on-node wrapper cannot run: the allocation or run directory does not match the plan."""
 
 
+class CommitFailed(SwiftSlurmError):
+    """A training rank could not commit the checkpoint it saved last (hooks.Committer): raised when training
+    ends, so the trainer exits non-zero instead of ending as if its result were committed."""
+
+    exit_status = 1
+
+
 class UnreadableJson(SwiftSlurmError):
     """A JSON file of a run dir that a caller cannot do without is missing, cut short, or not a JSON object."""
 

@@ -102,6 +102,7 @@ class Resilience:
     max_timeouts: int = 20
     max_unknown_stops: int = 5
     max_consecutive_failures: int = 3
+    max_stops_without_progress: int = 10
     backoff_base_s: float = 30.0
     backoff_max_s: float = 600.0
     exclude_host_s: float = 21600.0

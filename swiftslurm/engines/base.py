@@ -47,6 +47,7 @@ class Engine:
     torchrun_for_one_process: bool = False
     # Arguments swiftslurm owns for this engine: a user value would break the run directory or resume.
     managed_args: frozenset[str] = frozenset({"output_dir", "add_version"})
+    finished_rule: str = "a committed checkpoint of the planned last step (its manifest says so)"  # for people
 
     # -- plan side ----------------------------------------------------------------------------------
     def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
@@ -131,7 +132,7 @@ class Engine:
             ("adapter", f"{type(self).__name__} (`{self.launcher}`)"),
             ("commit hook", f"{', '.join(self.callbacks)} from {self.plugin.name} (--external_plugins, every rank)"),
             ("progress", "logs/ATTEMPT/progress.json: global rank 0's heartbeat at each step, save and evaluation"),
-            ("finished", "a committed checkpoint of the planned last step (its manifest says so)"),
+            ("finished", self.finished_rule),
             ("resume", self.resume_form()),
             ("stop signal", "USR2 to the training ranks only (never to what they start, e.g. vLLM or data workers)"),
         ]
@@ -157,11 +158,12 @@ class Engine:
         ``checkpoint`` (after prepare_reshard). Default: the checkpoint loads at any size as it is."""
         return self.resume_args(checkpoint, swift_argv)
 
-    def reached_last_step(self, output_dir: Path) -> bool:
+    def reached_last_step(self, output_dir: Path, swift_argv: tuple[str, ...] = ()) -> bool:
         """Whether training is complete: the newest committed checkpoint is the planned last step (the
-        commit hook writes that step into the manifest). Once it is, nothing trains again."""
-        newest, _ = newest_committed(output_dir)
-        return newest is not None and is_last_step(read_manifest(newest))
+        commit hook writes that step into the manifest). Once it is, nothing trains again. A trainer's own
+        word that it ended is not enough: it says so before its last checkpoint is committed, and a commit
+        can still fail (a full disk, a lost peer) or be killed (the time limit)."""
+        return committed_last_step(output_dir)
 
     def stop_recipients(self, trainer_pid: int) -> list[int]:
         """The processes that get the save signal: the training ranks, and nothing they started.
@@ -170,6 +172,12 @@ class Engine:
         the plugin's handler, and whatever a rank forks inherits that handler (a data loader worker, a vLLM
         engine) or was exec'ed with the default action, which kills. Neither may get it."""
         return outermost_catchers(trainer_pid, SAVE_SIGNAL)
+
+
+def committed_last_step(output_dir: Path) -> bool:
+    """Whether the newest committed checkpoint in ``output_dir`` is the run's planned last step."""
+    newest, _ = newest_committed(output_dir)
+    return newest is not None and is_last_step(read_manifest(newest))
 
 
 def argv_value(argv: tuple[str, ...], name: str) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from swiftslurm.ckpt.checkpoint import universal_companion
 from swiftslurm.engines import zero_reshard
-from swiftslurm.engines.base import ENGINES_DIR, Engine, argv_value, is_true
+from swiftslurm.engines.base import ENGINES_DIR, Engine, argv_value, committed_last_step, is_true
 from swiftslurm.engines.progress import finished_steps
 from swiftslurm.errors import NodeError
 
@@ -51,6 +51,10 @@ class HfTrainerEngine(Engine):
     # ms-swift's own save-on-signal callback: swiftslurm_stop replaces it (one GPU synchronisation less a step).
     replaced_callbacks = ("graceful_exit",)
     managed_args = frozenset({"output_dir", "add_version", "resume_from_checkpoint"})
+    finished_rule = (
+        "a committed checkpoint of the planned last step (its manifest says so); with save_strategy=no, "
+        "ms-swift's end-of-training summary in logging.jsonl"
+    )
 
     def default_args(self, seed: int) -> dict[str, Any]:
         # data_seed: the data order after a resume is the one an uninterrupted run would have seen.
@@ -150,11 +154,19 @@ class HfTrainerEngine(Engine):
             )
         return zero_reshard.universal_resume_args(checkpoint)
 
-    def reached_last_step(self, output_dir: Path) -> bool:
-        # ms-swift's end-of-training summary, or (a run killed between its last commit and that summary) a
-        # committed checkpoint of the last step.
-        steps = finished_steps(output_dir)
-        return (steps is not None and steps[0] >= steps[1]) or super().reached_last_step(output_dir)
+    def reached_last_step(self, output_dir: Path, swift_argv: tuple[str, ...] = ()) -> bool:
+        # ms-swift saves the last step whenever it saves at all (its DefaultFlowCallbackNew), and logs the
+        # end-of-training summary before the Trainer's on_train_end joins that save's commit: the summary says
+        # training is over, not that its result is committed. It counts only when nothing is ever saved.
+        if not saves(swift_argv):
+            steps = finished_steps(output_dir)
+            return steps is not None and steps[0] >= steps[1]
+        return committed_last_step(output_dir)
+
+
+def saves(swift_argv: tuple[str, ...]) -> bool:
+    """Whether the trainer saves checkpoints: unless `--save_strategy no` (Transformers' default: steps)."""
+    return (argv_value(swift_argv, "save_strategy") or "steps").lower() != "no"
 
 
 def _positive(value: Any) -> bool:

@@ -7,7 +7,9 @@ barrier (so all shards, optimizer and RNG states are written), then the ranks ch
 (shared_commit.py) and global rank 0 writes the manifest last, in a background thread so training goes on
 meanwhile; a save waits for the previous commit, so at most one is in flight. The thread is not a daemon: a
 process that exits normally finishes its commit first; one that is killed leaves the checkpoint uncommitted,
-which is exactly what it is. Without object storage, retention (`keep_checkpoints`) is applied here after a
+which is exactly what it is. A commit that fails during training is logged (resume falls back to an older
+checkpoint); the last one, joined when training ends, fails the trainer (`CommitFailed`): the run is not
+finished without it. Without object storage, retention (`keep_checkpoints`) is applied here after a
 commit, so the newest committed checkpoint is never deleted, and only while the run's leader holds the run dir's
 lease; with storage the wrapper's NodeSync applies it, since only it knows what is uploaded (the wrapper then
 passes 0). The manifest carries the plan's identity the wrapper passes (IDENTITY_ENV) and the leader's fencing token
@@ -34,6 +36,7 @@ from typing import IO, Any
 
 from swiftslurm.ckpt import checkpoint, shared_commit
 from swiftslurm.engines.stop_vote import StopVote
+from swiftslurm.errors import CommitFailed
 from swiftslurm.rundir import lease
 from swiftslurm.rundir.beat import EPOCH, EVAL, SAVE, StepBeat
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
@@ -145,6 +148,8 @@ class Committer:
     def __init__(self, engine: str) -> None:
         self.engine = engine
         self._commit: threading.Thread | None = None  # at most one in flight
+        self._folder: Path | None = None  # what it commits
+        self._failure: BaseException | None = None  # why it failed, once it has
         self._group: Any = None  # the CPU group the commits use, created at the first save
         self.timeline = TimelineWriter(None)  # rank 0's, from train_begun on
         self.beat = StepBeat(None)  # rank 0's heartbeat, from train_begun on
@@ -171,15 +176,17 @@ class Committer:
         self._commit = threading.Thread(
             target=self._run_commit, args=(folder, world_size, last_step), name="swiftslurm-commit"
         )
+        self._folder, self._failure = folder, None
         self._commit.start()
         self.timeline.saved(checkpoint.checkpoint_step(folder) or 0)
         self.beat.pause_ended(SAVE)  # the loop goes on; the commit runs beside it
 
-    def wait(self) -> None:
-        """Return once the commit in flight (if any) is done."""
+    def wait(self) -> BaseException | None:
+        """Return once the commit in flight (if any) is done: why it failed, or None."""
         if self._commit is not None:
             self._commit.join()
             self._commit = None
+        return self._failure
 
     def _join_group(self) -> None:
         """A collective call (every rank, same point): the commits' own gloo group, so hashing in a background
@@ -198,14 +205,21 @@ class Committer:
         except lease.LeaseLost as err:  # another job leads the run now: this trainer's commits do not count
             print(f"[swiftslurm] not committing {folder.name}: {err}", flush=True)
         except Exception as err:  # logged and left uncommitted: resume falls back to an older one
-            print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
+            self._failed(folder, err)
         finally:
             if self._group is not None:
                 # No rank's commit ends before rank 0's manifest is written: a rank that exits (training over)
                 # while rank 0 still commits can make torchrun stop rank 0 mid-commit (docs/gpu.md).
                 import torch.distributed as dist
 
-                dist.barrier(group=self._group)
+                try:
+                    dist.barrier(group=self._group)
+                except Exception as err:  # a peer lost: whether rank 0 committed is not known here
+                    self._failed(folder, err)
+
+    def _failed(self, folder: Path, err: BaseException) -> None:
+        print(f"[swiftslurm] could not commit {folder.name}: {err!r}", flush=True)
+        self._failure = self._failure or err
 
     def _commit_hashed(
         self, folder: Path, world_size: int, last_step: int | None, files: list[dict[str, Any]] | None, started: float
@@ -264,5 +278,12 @@ class Committer:
         ended = time.time()
         if self._commit is not None:  # the last checkpoint's commit is still being written: part of its save
             self.beat.pausing(SAVE)
-        self.wait()
+        failure = self.wait()
         self.timeline.event(TRAIN_END, started=round(ended, 3))
+        if failure is not None and self._folder is not None:
+            # Swallowed, the trainer would exit 0 with its last checkpoint never committed (nor uploaded).
+            raise CommitFailed(
+                f"the commit of the last checkpoint, {self._folder}, failed: {failure!r}. HINT: the next attempt "
+                "resumes from the newest committed checkpoint and trains to this step again; if the error is a "
+                "full disk, free space on the output directory's file system."
+            ) from failure

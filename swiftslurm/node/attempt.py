@@ -48,6 +48,7 @@ from swiftslurm.node.conclude import (
     job_times,
     record_refusal,
     record_requeue_failure,
+    record_uploads,
     stop_after_preflight,
 )
 from swiftslurm.node.deadline import KILL_MARGIN_S
@@ -349,7 +350,7 @@ def _finish_uploads(a: Attempt) -> Phase:
     a.sync.drain(budget, _DrainCut(a.where, a.signals, len(a.observed.signals)).left_s)
     if a.lease is not None:
         a.lease.check("record the uploads in status.json")
-    records.update_status(a.run_dir, storage=a.sync.state())
+    record_uploads(a.run_dir, a.plan.output_dir, a.decision, a.sync.state())
     return Phase.ACT
 
 

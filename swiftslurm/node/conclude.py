@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
@@ -105,6 +106,26 @@ def conclude(
     )
     print(f"[swiftslurm] attempt {attempt}: {decision.why}", flush=True)
     return decision
+
+
+def record_uploads(run_dir: Path, output_dir: Path, decision: decide.Decision, storage: Mapping[str, Any]) -> None:
+    """After the upload drain: the storage state into status.json (``storage``: NodeSync.state()). A finished
+    run whose last checkpoint is committed but not uploaded stays finished (training is complete, and SLURM's
+    end may have cut the drain), but its `why` says so, and what uploads it: a run that restores from the
+    store would otherwise find an older checkpoint, or none."""
+    newest, _ = newest_committed(output_dir)
+    last = checkpoint_step(newest) if newest else None
+    if decision.action is not decide.Action.DONE or last is None or last not in storage.get("pending", ()):
+        records.update_status(run_dir, storage=dict(storage))
+        return
+    failure = storage.get("last_failure") or "the upload wait ended first"
+    why = (
+        f"{decision.why}, but checkpoint-{last}, the last, is not uploaded to {storage.get('url')} ({failure}); "
+        f"it is committed in {newest}. HINT: `python -m swiftslurm.ops.storage_cli upload --run-dir {run_dir}` "
+        "uploads it"
+    )
+    records.update_status(run_dir, storage=dict(storage), why=why)
+    print(f"[swiftslurm] {why}", flush=True)
 
 
 def job_times(where: SlurmEnv) -> tuple[slurm_cli.JobTimes | None, str | None]:
@@ -258,7 +279,14 @@ def _facts(
         elapsed_s=time.time() - observed.started,
         failed_host=failed,
         unrestored=observed.unrestored,
+        trained_before=_trained_before(run_dir, resume),
     )
+
+
+def _trained_before(run_dir: Path, resume: ResumePoint) -> bool:
+    """Whether the run trained before this attempt: it resumes a committed checkpoint, or an earlier attempt
+    logged a training step."""
+    return resume.step > 0 or any(past.first_step_at is not None for past in records.read_attempts(run_dir))
 
 
 def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> tuple[decide.Reason | None, str | None]:
@@ -373,7 +401,7 @@ def _with_node_count(plan: JobPlan, decision: decide.Decision) -> decide.Decisio
 
 
 def _reached_last_step(plan: JobPlan) -> bool:
-    return engine_for(plan.launcher).reached_last_step(plan.output_dir)
+    return engine_for(plan.launcher).reached_last_step(plan.output_dir, plan.swift_argv)
 
 
 def _budget(plan: JobPlan) -> decide.Budget:

@@ -28,7 +28,7 @@ OOM_HINT = (
 class Reason(str, Enum):
     """Why an attempt ended."""
 
-    FINISHED = "finished"  # training reached its last step
+    FINISHED = "finished"  # a committed checkpoint of the last step exists (engine adapter: reached_last_step)
     PREEMPTED = "preempted"  # SLURM's signal (or a manual one) arrived well before the time limit
     TIMED_OUT = "timed_out"  # the signal arrived near the time limit
     UNKNOWN_STOP = "unknown_stop"  # a stop signal when SLURM could not say when the time limit ends
@@ -68,6 +68,9 @@ class AttemptFacts:
     elapsed_s: float
     failed_host: str | None  # a host with positive evidence of failing (see `blame`), if any
     unrestored: str | None = None  # why no trainer started: the object store could not be read (node/resume.py)
+    # The run trained before this attempt: it resumed from a committed checkpoint, or an earlier attempt logged a
+    # step. Then the same input has worked, and an error at start-up is the machine's, not the user's.
+    trained_before: bool = False
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -275,10 +278,12 @@ def classify_log(facts: AttemptFacts, user_error_window_s: float) -> tuple[Reaso
     if failure.kind == "cuda_oom":  # the same batch on the same GPUs runs out of memory again
         short = one_line(failure.line, limit=100)
         return Reason.USER_ERROR, f"{short} ({steps}): the config does not fit in GPU memory. {OOM_HINT}"
-    if facts.steps_done == 0 and facts.elapsed_s < user_error_window_s:
+    if facts.steps_done == 0 and facts.elapsed_s < user_error_window_s and not facts.trained_before:
         return Reason.USER_ERROR, f"{line} ({steps})"
-    # After training started (or after a long start-up) the same input worked: more likely the machine.
-    return infra(facts, f"{line} ({steps}, {facts.elapsed_s:.0f}s in)")
+    # After training started (in this attempt or an earlier one), or after a long start-up, the same input
+    # worked: more likely the machine (a stale file handle, the hub unreachable).
+    trained = "; the run trained before" if facts.trained_before and facts.steps_done == 0 else ""
+    return infra(facts, f"{line} ({steps}, {facts.elapsed_s:.0f}s in{trained})")
 
 
 def infra(facts: AttemptFacts, explanation: str) -> tuple[Reason, str]:
@@ -294,6 +299,7 @@ class Budget:
     max_timeouts: int = 20  # time-outs that are requeued; one more stops the run
     max_unknown_stops: int = 5  # stop signals of unknown cause (SLURM could not say the end time) requeued
     max_consecutive_failures: int = 3  # INFRA attempts in a row without a new checkpoint that are requeued
+    max_stops_without_progress: int = 10  # stop signals in a row whose attempt committed nothing, requeued
     backoff_base_s: float = 30  # wait after the first infrastructure failure; doubles with each one in a row
     backoff_max_s: float = 600
     exclude_host_s: float = 21600  # how long a failed host stays excluded, in seconds
@@ -310,6 +316,9 @@ class History:
     failed_hosts: tuple[tuple[str, float], ...] = ()  # (host, when it last failed), oldest failure first
     preemptions: int = 0  # not counted against Budget.max_attempts
     unknown_stops: int = 0
+    # Attempts in a row that a stop signal ended (SIGNAL_REASONS) without a new committed checkpoint; 0 after
+    # any attempt that committed one or finished. Other attempts without progress neither add nor clear it.
+    stops_without_progress: int = 0
 
 
 def history_after(
@@ -332,6 +341,7 @@ def history_after(
         failed_hosts=hosts,
         preemptions=before.preemptions + (reason is Reason.PREEMPTED),
         unknown_stops=before.unknown_stops + (reason is Reason.UNKNOWN_STOP),
+        stops_without_progress=stops_after(before.stops_without_progress, reason, committed_new_checkpoint),
     )
 
 
@@ -353,6 +363,13 @@ def failures_after(previous: int, reason: Reason, committed_new_checkpoint: bool
     if committed_new_checkpoint or reason is Reason.FINISHED:
         return 0
     return previous + 1 if reason is Reason.INFRA else previous
+
+
+def stops_after(previous: int, reason: Reason, committed_new_checkpoint: bool) -> int:
+    """Progress resets the count; a stop signal without progress adds to it; anything else leaves it."""
+    if committed_new_checkpoint or reason is Reason.FINISHED:
+        return 0
+    return previous + 1 if reason in SIGNAL_REASONS else previous
 
 
 @dataclass(frozen=True)
@@ -484,6 +501,8 @@ def decide_by_reason(
         return Decision(Action.DONE, reason, f"{explanation}; done")
     if reason is Reason.USER_ERROR:
         return Decision(Action.STOP, reason, f"user error: {explanation}; not retried: fix it, then {RESUBMIT}")
+    if reason in SIGNAL_REASONS and history.stops_without_progress > budget.max_stops_without_progress:
+        return stalled_by_stops(reason, explanation, history, budget)
     if reason is Reason.PREEMPTED:
         return Decision(Action.REQUEUE, reason, f"{explanation}; requeued (preemptions are unlimited)", 0, exclude)
     if reason is Reason.TIMED_OUT:
@@ -491,6 +510,21 @@ def decide_by_reason(
     if reason is Reason.UNKNOWN_STOP:
         return decide_unknown_stop(explanation, history, budget, exclude)
     return decide_infra(explanation, history, budget, exclude)
+
+
+def stalled_by_stops(reason: Reason, explanation: str, history: History, budget: Budget) -> Decision:
+    """Stop signals keep ending attempts before anything is committed: the save after the signal does not fit
+    in the time SLURM gives it, and the periodic saves come rarer than the stops. Requeued again, the run
+    would only repeat the same steps (preemptions are otherwise unlimited)."""
+    stops = history.stops_without_progress
+    why = (
+        f"stopped: no progress: the last {stops} attempts were ended by a stop signal (preemption or time limit) "
+        f"before a new checkpoint was committed, the last: {explanation}; the save after the signal does not fit "
+        "in the lead SLURM gives it, and periodic saves come rarer than the stops. HINT: raise "
+        "`cluster.signal_lead_s` (on a preemption the partition's GraceTime is the limit), save more often "
+        f"(`swift.save_steps`), or raise `resilience.max_stops_without_progress`, then {RESUBMIT}"
+    )
+    return Decision(Action.STOP, reason, why)
 
 
 def decide_timeout(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:

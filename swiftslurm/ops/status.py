@@ -54,6 +54,11 @@ def _storage(facts: RunFacts) -> str:
     return text + (f", {sync['failures']} failed tries" if sync.get("failures") else "")
 
 
+def last_not_uploaded(facts: RunFacts) -> bool:
+    """Whether the run's newest committed checkpoint waits for its upload (sync.json lists it pending)."""
+    return facts.committed_step is not None and facts.committed_step in (facts.storage or {}).get("pending", [])
+
+
 def labels(path: Path, facts: list[RunFacts]) -> list[str]:
     """What names each row: the run name, or, where several runs share it (a folder of runs started with one
     name), the run dir relative to ``path`` (its full path outside it), which is what tells them apart."""
@@ -95,7 +100,7 @@ def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = N
     rows = [row(f, name) for f, name in zip(facts, names, strict=True)]
     lines = [table([list(COLUMNS), *rows])] if facts else ["(no runs found)"]
     for f, name in zip(facts, names, strict=True):
-        if f.state not in ("finished", "running") and f.why:
+        if (f.state not in ("finished", "running") or last_not_uploaded(f)) and f.why:
             lines.append(f"  {name}: {f.why}")
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")

@@ -1,4 +1,4 @@
-"""`python -m swiftslurm.ops.storage_cli list|download|prune`: a run's checkpoints in the object store.
+"""`python -m swiftslurm.ops.storage_cli list|download|upload|prune`: a run's checkpoints in the object store.
 
 Where they are comes from flags (`--bucket B --prefix P [--endpoint-url U] [--region R]`) or from a run
 directory (`--run-dir DIR`: the `storage` section of its plan.json); flags given win. Credentials come from
@@ -6,6 +6,7 @@ boto3's standard chain, as on the nodes. Only committed checkpoints (with a remo
 
     python -m swiftslurm.ops.storage_cli list --run-dir runs/my-run
     python -m swiftslurm.ops.storage_cli download latest --output-dir out --bucket b --prefix runs/my-run
+    python -m swiftslurm.ops.storage_cli upload --run-dir runs/my-run
     python -m swiftslurm.ops.storage_cli prune --keep 2 --run-dir runs/my-run
 """
 
@@ -18,10 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.ckpt.checkpoint import newest_committed
 from swiftslurm.errors import StorageError, SwiftSlurmError, report
 from swiftslurm.plan import PlanGlance, StorageSpec
-from swiftslurm.rundir.layout import plan_file
+from swiftslurm.rundir.layout import output_dir, plan_file
 from swiftslurm.storage.store import CheckpointStore, MiB, newest_remote_step
+from swiftslurm.storage.sync import record_uploaded
 
 
 def _plan_storage(run_dir: Path) -> dict[str, Any]:
@@ -69,6 +72,24 @@ def cmd_download(store: CheckpointStore, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upload(store: CheckpointStore, args: argparse.Namespace) -> int:
+    """The newest committed local checkpoint into the store (nothing is sent if it is there already): what a run
+    that finished before its last upload did needs. With --run-dir, sync.json says so afterwards."""
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    folder = Path(args.output_dir) if args.output_dir else output_dir(run_dir) if run_dir else None
+    if folder is None:
+        raise StorageError("say which checkpoints to upload: --run-dir DIR, or --output-dir DIR with the flags.")
+    newest, rejected = newest_committed(folder)
+    if newest is None:
+        found = f" ({'; '.join(rejected)})" if rejected else ""
+        raise StorageError(f"no committed checkpoint in {folder}{found}: nothing to upload.")
+    result = store.upload(newest)
+    print(f"{newest.name} is in {store.spec.url}" + (" (it was already)" if result.already_remote else ""))
+    if run_dir is not None:
+        record_uploaded(run_dir, result.step)
+    return 0
+
+
 def cmd_prune(store: CheckpointStore, args: argparse.Namespace) -> int:
     deleted = store.prune(args.keep)
     print(f"deleted {len(deleted)} checkpoint(s) from {store.spec.url}: {', '.join(map(str, deleted)) or 'none'}")
@@ -101,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
     download.add_argument("step", type=_step, help="step number, or `latest`")
     download.add_argument("--output-dir", required=True, help="where checkpoint-N is created")
     download.set_defaults(run=cmd_download)
+    upload = commands.add_parser("upload", parents=[where], help="the newest committed local checkpoint")
+    upload.add_argument("--output-dir", help="where its checkpoint-N folders are (default: the run dir's output)")
+    upload.set_defaults(run=cmd_upload)
     prune = commands.add_parser("prune", parents=[where], help="delete all but the newest K")
     prune.add_argument("--keep", type=_positive, required=True)
     prune.set_defaults(run=cmd_prune)

@@ -177,6 +177,12 @@ class ResilienceConfig:
     max_consecutive_failures: int = doc(
         3, "Infrastructure failures in a row without a new committed checkpoint before the run stops."
     )
+    max_stops_without_progress: int = doc(
+        10,
+        "Stop signals (preemptions, time-outs) in a row that end attempts without a new committed checkpoint "
+        "and are requeued; one more stops the run (the save after the signal does not fit: see "
+        "`cluster.signal_lead_s`).",
+    )
     backoff_base_s: float = doc(30.0, "Delay before the first retry after a failure, in seconds; doubles each time.")
     backoff_max_s: float = doc(600.0, "Longest retry delay, in seconds.")
     exclude_host_s: float = doc(
@@ -206,7 +212,9 @@ class ResilienceConfig:
     )
     hang_window_floor_s: float = doc(300.0, "The learned hang window is never shorter than this, in seconds.")
     user_error_window_s: float = doc(
-        300.0, "A Python error before any step within this many seconds of the start is a user error: no retry."
+        300.0,
+        "A Python error before any step within this many seconds of the start is a user error (no retry), on a "
+        "run that never trained (no committed checkpoint, no step logged by an earlier attempt).",
     )
     min_nodes: int | None = doc(
         None,

@@ -63,6 +63,7 @@ def check_counts(cfg: Config) -> None:
         "max_timeouts",
         "max_unknown_stops",
         "max_consecutive_failures",
+        "max_stops_without_progress",
         "backoff_base_s",
         "backoff_max_s",
         "exclude_host_s",

@@ -20,7 +20,7 @@ from typing import Any
 
 from swiftslurm.ckpt.checkpoint import checkpoint_dirs, checkpoint_step, is_committed, newest_committed, prune_committed
 from swiftslurm.plan import StorageSpec
-from swiftslurm.rundir.jsonio import read_jsonl, write_json_atomic
+from swiftslurm.rundir.jsonio import read_json, read_jsonl, write_json_atomic
 from swiftslurm.rundir.layout import SYNC_STATE, UPLOAD_HISTORY
 from swiftslurm.storage.store import CheckpointStore, TransferReport, remove_stale_downloads, restore_if_newer
 from swiftslurm.storage.uploader import Uploader
@@ -145,3 +145,15 @@ class NodeSync:
             write_json_atomic(self.state_path, {**state, "updated": round(time.time(), 3)})
             self._written = state
         return state
+
+
+def record_uploaded(run_dir: Path, step: int) -> None:
+    """sync.json after a checkpoint was uploaded outside an attempt (the storage CLI): remote, not pending."""
+    state = read_json(run_dir / SYNC_STATE)
+    if state is None:
+        return
+    remote = sorted({*state.get("remote", []), step})
+    pending = [s for s in state.get("pending", []) if s != step]
+    write_json_atomic(
+        run_dir / SYNC_STATE, {**state, "remote": remote, "pending": pending, "updated": round(time.time(), 3)}
+    )

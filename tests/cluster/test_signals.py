@@ -112,6 +112,7 @@ def test_a_signal_during_the_upload_drain_cuts_it_to_slurms_end_time(
     assert (record["reason"], record["decision"]) == ("finished", "done"), record
     synced = status(run_dir)
     assert synced["state"] == "finished" and synced["storage"]["pending"] == [10, 20], synced
+    assert "checkpoint-20, the last, is not uploaded" in synced["why"], synced  # finished, but not silently
 
 
 def _minutes_so_far(job: str) -> int:

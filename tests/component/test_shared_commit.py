@@ -12,6 +12,7 @@ import pytest
 
 from swiftslurm.ckpt import checkpoint as ck
 from swiftslurm.engines.hooks import Committer
+from swiftslurm.errors import CommitFailed
 from tests.unit.test_shared_commit import zero3_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -72,7 +73,7 @@ def test_two_ranks_commit_a_zero3_checkpoint_together(tmp_path: Path) -> None:
     assert ck.problems(folder, deep=True) == []
 
 
-def _failing_rank(rank: int, port: int, folder: Path, done: dict[int, bool]) -> None:
+def _failing_rank(rank: int, port: int, folder: Path, done: dict[int, str]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     if rank == 1:
@@ -83,8 +84,11 @@ def _failing_rank(rank: int, port: int, folder: Path, done: dict[int, bool]) -> 
         ck.sha256_and_fsync = unreadable  # type: ignore[assignment]
     committer = Committer(engine="swift")
     committer.after_save(folder, last_step=10)
-    committer.finish()
-    done[rank] = True
+    try:
+        committer.finish()
+        done[rank] = "ended"
+    except CommitFailed:  # the last commit failed: the trainer must not exit as if it were committed
+        done[rank] = "failed"
     dist.destroy_process_group()
 
 
@@ -93,7 +97,8 @@ def test_a_rank_that_cannot_hash_leaves_the_checkpoint_uncommitted_and_no_rank_w
     with mp.Manager() as manager:
         done = manager.dict()
         mp.spawn(_failing_rank, args=(_free_port(), folder, done), nprocs=2, join=True)
-        assert dict(done) == {0: True, 1: True}  # both ranks' commits ended
+        # Both ranks' commits ended; rank 0, which writes the manifest, knows it failed and fails its trainer.
+        assert dict(done) == {0: "failed", 1: "ended"}
     assert not ck.is_committed(folder)  # resume falls back to an older checkpoint
 
 

@@ -310,6 +310,32 @@ def test_cli_reads_the_storage_section_of_plan_json(store: CheckpointStore, tmp_
     assert "no `storage` section" in capsys.readouterr().err
 
 
+def test_cli_uploads_the_newest_committed_checkpoint_a_finished_run_left_pending(
+    store: CheckpointStore, tmp_path: Path, capsys: Any
+) -> None:
+    """The run finished, its drain cut before checkpoint-20 reached the store: `upload --run-dir` sends it and
+    sync.json (what `status` reads) no longer lists it pending."""
+    run_dir = tmp_path / "run"
+    store.upload(make_checkpoint(run_dir / "output", 10))
+    make_checkpoint(run_dir / "output", 20)
+    (run_dir / "plan.json").write_text(json.dumps({"storage": store.spec.__dict__}))
+    (run_dir / SYNC_STATE).write_text(json.dumps({"url": store.spec.url, "remote": [10], "pending": [20]}))
+    assert storage_cli.main(["upload", "--run-dir", str(run_dir)]) == 0
+    assert f"checkpoint-20 is in {store.spec.url}" in capsys.readouterr().out
+    assert store.committed_steps() == [10, 20]
+    synced = json.loads((run_dir / SYNC_STATE).read_text())
+    assert (synced["remote"], synced["pending"]) == ([10, 20], [])
+    assert storage_cli.main(["upload", "--run-dir", str(run_dir)]) == 0  # nothing to send: said so
+    assert "(it was already)" in capsys.readouterr().out
+
+
+def test_cli_upload_without_a_committed_checkpoint_says_so(store: CheckpointStore, tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "run" / "output" / "checkpoint-5").mkdir(parents=True)  # written, never committed
+    (tmp_path / "run" / "plan.json").write_text(json.dumps({"storage": store.spec.__dict__}))
+    assert storage_cli.main(["upload", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "no committed checkpoint in" in capsys.readouterr().err
+
+
 EXIT_WITHOUT_DRAIN = """
 import sys
 from pathlib import Path

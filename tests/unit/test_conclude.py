@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from swiftslurm import slurm as slurm_cli
-from swiftslurm.ckpt.checkpoint import ResumePoint
+from swiftslurm.ckpt.checkpoint import ResumePoint, commit
 from swiftslurm.node import conclude as conclude_mod
 from swiftslurm.node import decide
 from swiftslurm.node import requeue as requeue_mod
@@ -102,11 +102,13 @@ def conclude(
     ended_by: str | None = None,
     ended_at: float | None = None,
     stop: dict[str, object] | None = None,
+    resume: ResumePoint | None = None,
+    started_s_ago: float = 3600,
 ) -> Decision:
     """Node 0's wrapper concluding attempt 77.0 on two nodes; `results`: the nodes that wrote their result
         (with `exit_code`; a result written before leaves it); `restarts`: the restarts in place the allocation has
         made (5 spends the default budget: a requeue); `ended_by`, `ended_at`: why node 0's wrapper ended its trainer,
-    and when it saw it exit (now by default)."""
+    and when it saw it exit (now by default); `resume`: where the attempt resumed (default: from scratch)."""
     plan = a_plan(tmp_path)
     run_dir = Path(plan.run_dir)
     here = attempt_dir(run_dir, ATTEMPT)
@@ -118,11 +120,11 @@ def conclude(
             records.write_node_result(here, node, HOSTS[node], exit_code, ended, ended_by if node == 0 else None)
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     watch = ProgressWatch(progress_file(here), time.time())
-    started = time.time() - 3600
+    started = time.time() - started_s_ago
     observed = Observed(
         exit_code, signals or [], hang is not None, watch, started, ended, ended_by, hang=hang, stop=stop
     )
-    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, ResumePoint(None, 0), observed, restarts)
+    return conclude_mod.conclude(plan, where, run_dir, ATTEMPT, resume or ResumePoint(None, 0), observed, restarts)
 
 
 def recorded(tmp_path: Path) -> dict[str, object]:
@@ -396,3 +398,107 @@ def test_a_swiftslurm_cancel_is_not_described_as_a_preemption(tmp_path: Path, sl
 def test_a_cancel_keeps_only_what_its_own_signal_did_not_cause(reason: Reason, explanation: str, why: str) -> None:
     decision = decide.cancelled("swiftslurm cancel", reason, explanation, 225)
     assert (decision.action, decision.reason, decision.why) == (Action.STOP, Reason.CANCELLED, why)
+
+
+# --- issue 25: finished means the last step is committed; start-up errors; stops that never commit -----------
+
+STALE_HANDLE = "[rank0]: Traceback (most recent call last):\n[rank0]: OSError: [Errno 116] Stale file handle\n"
+
+
+def committed(tmp_path: Path, step: int, last_step: int = 20) -> Path:
+    folder = tmp_path / "run" / "output" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    commit(folder, world_size=2, swift_version="4.6.0", last_step=last_step)
+    return folder
+
+
+def test_a_trainer_that_logged_its_summary_but_never_committed_its_last_step_has_not_finished(
+    tmp_path: Path, slurm: FakeSlurm
+) -> None:
+    """Transformers logs the summary before on_train_end joins the last commit: a commit that hits ENOSPC, loses
+    a peer or is killed leaves the summary behind, and exit code 0 before issue 25."""
+    committed(tmp_path, 10)
+    (tmp_path / "run" / "output" / "checkpoint-20").mkdir()  # saved, never committed
+    summary = {"train_runtime": 30.2, "train_loss": 6.3, "global_step/max_steps": "20/20"}
+    (tmp_path / "run" / "output" / "logging.jsonl").write_text(json.dumps(summary) + "\n")
+    decision = conclude(tmp_path, exit_code=0, results=(0, 1), resume=ResumePoint(None, 0))
+    assert decision.reason is Reason.INFRA and decision.action is Action.RESTART, decision.why
+    assert records.read_status(tmp_path / "run")["state"] == "restarting"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("trained", "reason", "state"),
+    [
+        (None, Reason.USER_ERROR, "failed"),  # a new run: the input is wrong until shown otherwise
+        ("resumed", Reason.INFRA, "requeued"),  # resumed after days of training: the same input worked
+        ("logged-a-step", Reason.INFRA, "requeued"),  # an earlier attempt trained, committed nothing
+    ],
+)
+def test_an_error_at_start_up_stops_only_a_run_that_never_trained(
+    tmp_path: Path, slurm: FakeSlurm, trained: str | None, reason: Reason, state: str
+) -> None:
+    here = attempt_dir(tmp_path / "run", ATTEMPT)
+    here.mkdir(parents=True)
+    node_log(here, 0).write_text(STALE_HANDLE)
+    resume = ResumePoint(committed(tmp_path, 10), 10) if trained == "resumed" else ResumePoint(None, 0)
+    if trained == "logged-a-step":
+        past_attempts(tmp_path, {"attempt": "76", "reason": "infra", "decision": "requeue", "first_step_at": 5.0})
+    decision = conclude(tmp_path, exit_code=1, results=(0,), resume=resume, started_s_ago=40)
+    assert decision.reason is reason, decision.why
+    assert records.read_status(tmp_path / "run")["state"] == state  # type: ignore[index]
+
+
+def test_stop_signals_that_never_let_a_checkpoint_commit_stop_the_run_and_status_says_why(
+    tmp_path: Path, slurm: FakeSlurm
+) -> None:
+    stalled = {"reason": "preempted", "decision": "requeue", "progressed": False}
+    past_attempts(tmp_path, *[{"attempt": f"77.r{i}", **stalled} for i in range(10)])
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert (decision.reason, decision.action) == (Reason.PREEMPTED, Action.STOP)
+    status = records.read_status(tmp_path / "run")
+    assert status is not None and status["state"] == "failed"
+    assert str(status["why"]).startswith("stopped: no progress: the last 11 attempts were ended by a stop signal")
+    assert "cluster.signal_lead_s" in str(status["why"])
+
+
+def test_a_stop_signal_that_let_the_run_commit_keeps_it_going(tmp_path: Path, slurm: FakeSlurm) -> None:
+    stalled = {"reason": "preempted", "decision": "requeue", "progressed": False}
+    past_attempts(tmp_path, *[{"attempt": f"77.r{i}", **stalled} for i in range(10)])
+    committed(tmp_path, 10)  # the stop-save of this attempt
+    decision = conclude(tmp_path, exit_code=0, signals=[(USR2, time.time())])
+    assert decision.action is Action.REQUEUE
+
+
+@pytest.mark.parametrize(
+    ("pending", "action", "noted"),
+    [
+        ([10, 20], Action.DONE, True),  # the drain was cut (SLURM's end), or the store refused every try
+        ([10], Action.DONE, False),  # the last one is in the store: a restore gets the result
+        ([20], Action.REQUEUE, False),  # the next attempt uploads it
+    ],
+)
+def test_a_finished_run_whose_last_checkpoint_is_not_uploaded_says_so(
+    tmp_path: Path, pending: list[int], action: Action, noted: bool
+) -> None:
+    run_dir = tmp_path / "run"
+    committed(tmp_path, 10), committed(tmp_path, 20)
+    records.write_status(run_dir, "finished", why="training reached its last step; done")
+    storage = {
+        "url": "s3://b/runs/x/",
+        "remote": [],
+        "pending": pending,
+        "last_failure": "upload of checkpoint-20 failed",
+    }
+    conclude_mod.record_uploads(
+        run_dir, run_dir / "output", Decision(action, Reason.FINISHED, "training reached its last step; done"), storage
+    )
+    status = records.read_status(run_dir)
+    assert status is not None and status["state"] == "finished" and status["storage"] == storage
+    assert ("is not uploaded" in status["why"]) is noted, status["why"]
+    if noted:
+        assert status["why"] == (
+            "training reached its last step; done, but checkpoint-20, the last, is not uploaded to s3://b/runs/x/ "
+            f"(upload of checkpoint-20 failed); it is committed in {run_dir / 'output' / 'checkpoint-20'}. HINT: "
+            f"`python -m swiftslurm.ops.storage_cli upload --run-dir {run_dir}` uploads it"
+        )

@@ -692,3 +692,88 @@ def test_restarts_count_in_the_history_like_any_infra_attempt() -> None:
         AttemptRecord(reason="infra", decision="restart", progressed=False, end=2.0),
     ]
     assert history_of(recorded) == history(attempts=2, consecutive_failures=2, failed_hosts=())
+
+
+# --- an error at start-up is the user's only on a run that never trained (issue 25, item 3) ---------------
+
+STALE_FILE_HANDLE = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/opt/conda/lib/python3.11/site-packages/swift/llm/train/sft.py", line 120, in _prepare_model_tokenizer
+[rank0]:     with open(os.path.join(model_dir, 'config.json')) as f:
+[rank0]: OSError: [Errno 116] Stale file handle: '/models/Qwen3-8B/config.json'
+"""
+
+HUB_CONNECTION_ERROR = """\
+Traceback (most recent call last):
+  File "/opt/conda/lib/python3.11/site-packages/requests/adapters.py", line 700, in send
+    raise ConnectionError(e, request=request)
+requests.exceptions.ConnectionError: HTTPSConnectionPool(host='www.modelscope.cn', port=443): Max retries exceeded
+"""
+
+
+@pytest.mark.parametrize(
+    ("log_tail", "trained_before", "reason"),
+    [
+        (STALE_FILE_HANDLE, False, Reason.USER_ERROR),
+        (STALE_FILE_HANDLE, True, Reason.INFRA),  # resumed after days of training: the same files worked
+        (HUB_CONNECTION_ERROR, False, Reason.USER_ERROR),
+        (HUB_CONNECTION_ERROR, True, Reason.INFRA),
+        (MISSING_DATASET, True, Reason.INFRA),
+        (CUDA_OOM, True, Reason.USER_ERROR),  # the same batch on the same GPUs runs out of memory again
+    ],
+    ids=["stale-handle-new", "stale-handle-trained", "hub-new", "hub-trained", "dataset-trained", "oom-trained"],
+)
+def test_an_error_at_start_up_is_a_user_error_only_on_a_run_that_never_trained(
+    log_tail: str, trained_before: bool, reason: Reason
+) -> None:
+    classified, why = classify(facts(log_tail=log_tail, elapsed_s=35.0, trained_before=trained_before))
+    assert classified is reason, why
+    decision = decide(classified, why, history(), Budget())
+    assert decision.action is (Action.STOP if reason is Reason.USER_ERROR else Action.REQUEUE)
+    if reason is Reason.INFRA:
+        assert "the run trained before" in why
+
+
+# --- stop signals that never let a checkpoint be committed (issue 25, item 5) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "stops", "action"),
+    [
+        (Reason.PREEMPTED, 1, Action.REQUEUE),
+        (Reason.PREEMPTED, 10, Action.REQUEUE),
+        (Reason.PREEMPTED, 11, Action.STOP),  # preemptions are unlimited only while they let the run progress
+        (Reason.TIMED_OUT, 11, Action.STOP),
+        (Reason.UNKNOWN_STOP, 11, Action.STOP),
+        (Reason.INFRA, 11, Action.REQUEUE),  # infrastructure failures have their own count
+    ],
+)
+def test_stop_signals_without_progress_stop_the_run_once_their_budget_is_spent(
+    reason: Reason, stops: int, action: Action
+) -> None:
+    past = history(attempts=stops, preemptions=stops, stops_without_progress=stops, timeouts=1, unknown_stops=1)
+    decision = decide(reason, f"{reason.value} before any training step", past, Budget())
+    assert decision.action is action, decision.why
+    if action is Action.STOP:
+        assert decision.reason is reason
+        assert decision.why.startswith(f"stopped: no progress: the last {stops} attempts were ended by a stop signal")
+        assert "cluster.signal_lead_s" in decision.why and "resilience.max_stops_without_progress" in decision.why
+
+
+@pytest.mark.parametrize(
+    ("attempts", "stops"),
+    [
+        ([(Reason.PREEMPTED, False, None)] * 3, 3),
+        ([(Reason.PREEMPTED, False, None), (Reason.TIMED_OUT, False, None), (Reason.UNKNOWN_STOP, False, None)], 3),
+        ([(Reason.PREEMPTED, False, None), (Reason.PREEMPTED, True, None), (Reason.PREEMPTED, False, None)], 1),
+        ([(Reason.PREEMPTED, False, None), (Reason.INFRA, False, None), (Reason.PREEMPTED, False, None)], 2),
+        ([(Reason.PREEMPTED, False, None), (Reason.INFRA, True, None)], 0),
+    ],
+    ids=["preemptions", "any-stop-signal", "a-commit-resets", "a-failure-keeps", "a-failure-with-commit-resets"],
+)
+def test_history_counts_stop_signals_in_a_row_without_progress(
+    attempts: list[tuple[Reason, bool, str | None]], stops: int
+) -> None:
+    assert fold(*attempts).stops_without_progress == stops
+    records = [record(reason, Action.REQUEUE, committed) for reason, committed, _ in attempts]
+    assert history_of(records) == fold(*attempts)

@@ -54,3 +54,21 @@ def test_runs_sharing_a_name_are_told_apart_by_their_run_dir(tmp_path: Path) -> 
     facts, _ = status.collect(tmp_path / "runs", use_slurm=False)
     first_column = [line.split()[0] for line in status.render(facts, None, tmp_path / "runs").splitlines()[1:5]]
     assert first_column == ["a", "b", "c", "other"]
+
+
+@pytest.mark.parametrize(("pending", "shown"), [([10, 20], True), ([10], False), ([], False)])
+def test_a_finished_run_whose_last_checkpoint_waits_for_its_upload_shows_why(
+    tmp_path: Path, pending: list[int], shown: bool
+) -> None:
+    from swiftslurm.ckpt.checkpoint import commit
+
+    run_dir = tmp_path / "run"
+    write_plan(run_dir, "tiny")
+    for step in (10, 20):
+        (folder := run_dir / "output" / f"checkpoint-{step}").mkdir(parents=True)
+        (folder / "adapter_model.safetensors").write_bytes(b"weights")
+        commit(folder, world_size=1, swift_version="4.6.0", last_step=20)
+    records.write_status(run_dir, "finished", why="done, but checkpoint-20, the last, is not uploaded")
+    (run_dir / "sync.json").write_text(json.dumps({"remote": [], "pending": pending}))
+    facts, _ = status.collect(run_dir, use_slurm=False)
+    assert ("tiny: done, but checkpoint-20, the last, is not uploaded" in status.render(facts, None)) is shown
