@@ -246,9 +246,7 @@ def _train(a: Attempt) -> Phase:
     token, lost = (a.lease.token, a.lease.lost) if a.lease else (None, lambda: None)
     peer = _PeerFailed(attempt_dir(a.run_dir, a.id), a.where)
     ends = partial(job_times, a.where)  # node 0 asks when a stop signal comes (the save's deadline)
-    a.observed = train(
-        a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, end_times=ends
-    )
+    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, ends)
     return _trained(a, a.resume, a.observed)
 
 
