@@ -8,6 +8,10 @@
 #   scripts/slurm-local.sh env       KEY=VALUE lines (SWIFTSLURM_BRIDGE_IP, ...)
 #   scripts/slurm-local.sh exec NODE [CMD...]   run CMD (default bash) inside NODE's namespaces
 #
+# A filesystem mounted under $STATE/mnt while the cluster runs is seen by every node (a shared
+# mount point the nodes' namespaces receive mounts from), e.g. a small tmpfs for a run dir that
+# fills up; one mounted inside a node (`exec NODE mount ...`) stays that node's own.
+#
 # Layout: munged, MariaDB, slurmdbd and slurmctld run on the host; each compute node is a
 # slurmd in its own network + UTS namespace (hostname nodeN, IP SUBNET.(10+N)) attached by a
 # veth pair to a Linux bridge holding SUBNET.1. Jobs therefore see distinct hostnames and IPs,
@@ -36,9 +40,10 @@ DB_PORT=${SWIFTSLURM_SLURM_DB_PORT:-13306}
 CLUSTER=swiftslurm
 BRIDGE_IP=$SUBNET.1
 NS_PREFIX=sslurm-          # network namespaces are sslurm-node1, sslurm-node2, ...
+MOUNTS=$STATE/mnt          # mounts made here reach every node (shared_mounts)
 HOSTS_MARK='# swiftslurm-local'
 SLURM_ETC=/etc/slurm       # where Debian's sbatch/squeue/sacct/... read slurm.conf
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server iproute2 util-linux procps)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server iproute2 util-linux procps fuse3)
 SLURM_PORTS=(6817 6818 6819)
 
 log() { printf '[slurm-local] %s\n' "$*" >&2; }
@@ -432,6 +437,20 @@ start_slurmctld() {
   wait_for 60 slurmctld ctld_up
 }
 
+# The nodes' mount namespaces are slaves of the host's, but the host's own mounts here are private
+# (no propagation): a bind mount of MOUNTS onto itself, made shared before the nodes start, is the
+# one place whose later mounts reach them.
+shared_mounts() {
+  mkdir -p "$MOUNTS"
+  mountpoint -q "$MOUNTS" || mount --bind "$MOUNTS" "$MOUNTS"
+  mount --make-shared "$MOUNTS"
+}
+
+unmount_shared() {
+  mountpoint -q "$MOUNTS" 2>/dev/null || return 0
+  umount -R -l "$MOUNTS" || true
+}
+
 # nsenter --net (not `ip netns exec`, which remounts /sys and hides /sys/fs/cgroup), then a
 # fresh UTS namespace so `hostname` in jobs is the node name, and a mount namespace of its own
 # (a slave of the host's: it sees the host's mounts, its own stay inside) so a test can give one
@@ -480,7 +499,7 @@ config_unchanged() {
 healthy() {
   local name
   for name in $(daemon_names); do pid_alive "$name" || return 1; done
-  munge_works && ctld_up && nodes_ready
+  mountpoint -q "$MOUNTS" && munge_works && ctld_up && nodes_ready
 }
 
 # ---------------------------------------------------------------- commands
@@ -491,6 +510,7 @@ print_env() {
   echo "SWIFTSLURM_SLURM_NODES=$NNODES"
   echo "SWIFTSLURM_SLURM_NODE_NAMES=$(node_names | paste -sd, -)"
   echo "SWIFTSLURM_SLURM_LOGS=$STATE/log"
+  echo "SWIFTSLURM_SLURM_MOUNTS=$MOUNTS"
 }
 
 cmd_up() {
@@ -517,6 +537,7 @@ cmd_up() {
   start_mariadb
   start_slurmdbd
   start_slurmctld
+  shared_mounts
   for node in $(node_names); do start_slurmd "$node"; done
   wait_for 90 "all $NNODES nodes idle in sinfo" nodes_ready
   self_check
@@ -535,6 +556,7 @@ cmd_down() {
   terminate_pids "${pids[@]}"
   rm -f "$STATE"/pids/*.pid
   teardown_network
+  unmount_shared
   unlink_configs
   rm -f "$STATE/cluster.env"
   log "down: stopped ${#pids[@]} process(es), removed namespaces/bridge/hosts entries"

@@ -116,13 +116,18 @@ def _as_tuple(value: Any) -> Any:
 def read_attempts(run_dir: Path) -> list[AttemptRecord]:
     """The recorded attempts, oldest first, each with its amendments folded in; a torn last line (a crash
     mid-append) is skipped."""
+    return [AttemptRecord.from_dict(row) for row in read_attempt_rows(run_dir)]
+
+
+def read_attempt_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of attempts.jsonl as JSON has them (the keys on disk), amendments folded in, oldest first."""
     rows: list[dict[str, Any]] = []
     for row in read_jsonl(run_dir / ATTEMPTS):
         if not row.pop(AMENDS, False):
             rows.append(row)
         elif (amended := next((r for r in reversed(rows) if r.get("attempt") == row.get("attempt")), None)) is not None:
             amended.update(row)
-    return [AttemptRecord.from_dict(row) for row in rows]
+    return rows
 
 
 def append_attempt(run_dir: Path, record: AttemptRecord) -> None:

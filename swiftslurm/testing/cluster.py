@@ -14,15 +14,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from swiftslurm.rundir.jsonio import read_jsonl
-from swiftslurm.rundir.layout import ATTEMPTS
-from swiftslurm.rundir.records import read_status
+from swiftslurm.rundir.records import read_attempt_rows, read_status
 from swiftslurm.slurm_env import expand_hostlist
 from swiftslurm.testing.cli import swiftslurm
 
@@ -195,8 +194,9 @@ def wait_for_run_end(run_dir: Path, job_id: str, timeout_s: float = 600) -> str:
 
 
 def attempts(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's attempt records as attempts.jsonl holds them (the keys on disk), oldest first."""
-    return read_jsonl(run_dir / ATTEMPTS)
+    """The run's attempt records as attempts.jsonl holds them (the keys on disk, amendments folded in), oldest
+    first."""
+    return read_attempt_rows(run_dir)
 
 
 def status(run_dir: Path) -> dict[str, Any]:
@@ -309,9 +309,10 @@ def describe(record: dict[str, Any]) -> str:
 
 def training_workers(run_dir: Path) -> list[tuple[int, int]]:
     """(rank, PID) of the run's ms-swift training processes, rank 0 first. torchrun's command line names
-    sft.py too, so only a process running sft.py as its script counts."""
+    sft.py too, so only a process running sft.py as its script counts; a DataLoader worker forked from a rank
+    has the rank's command line and environment, so a match whose parent matched too is not a rank."""
     output = str(run_dir / "output")
-    found = []
+    found: dict[int, tuple[int, int]] = {}  # PID -> (rank, parent PID)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -321,8 +322,9 @@ def training_workers(run_dir: Path) -> list[tuple[int, int]]:
                 continue
             env = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
             rank = next((int(v.split("=", 1)[1]) for v in env if v.startswith("RANK=")), -1)
-            found.append((rank, int(entry.name)))
-    return sorted(found)
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            found[int(entry.name)] = (rank, parent)
+    return sorted((rank, pid) for pid, (rank, parent) in found.items() if parent not in found)
 
 
 def workers_of(run_dir: Path, attempt: str, count: int = 2) -> list[int]:
@@ -353,3 +355,73 @@ def kill_9(pids: list[int]) -> None:
 
 def wait_gone(pids: list[int], timeout_s: float = 30) -> None:
     wait_until(lambda: not any(alive(p) for p in pids), timeout_s, f"PIDs {pids} to die", poll_s=0.1)
+
+
+# ---------------------------------------------------------------- the cluster's own faults
+
+CLUSTER_STATE = Path(os.environ.get("SWIFTSLURM_SLURM_STATE", "/tmp/swiftslurm-slurm"))  # scripts/slurm-local.sh
+
+
+def slurmctld_pid() -> int:
+    """The local cluster's slurmctld (scripts/slurm-local.sh records every daemon it starts)."""
+    return int((CLUSTER_STATE / "pids" / "slurmctld.pid").read_text().split()[0])
+
+
+@contextlib.contextmanager
+def slurmctld_stopped() -> Iterator[None]:
+    """slurmctld frozen (SIGSTOP) inside the block: every SLURM command times out, as during a mass preemption
+    on a busy controller; it carries on (SIGCONT) after, whatever happened inside."""
+    pid = slurmctld_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def shared_mounts() -> Path:
+    """Where a filesystem mounted now is seen by every node of the local cluster (scripts/slurm-local.sh)."""
+    return CLUSTER_STATE / "mnt"
+
+
+SLURM_LOCAL = Path(__file__).resolve().parents[2] / "scripts" / "slurm-local.sh"
+
+
+def node_names() -> list[str]:
+    """The local cluster's compute nodes (node1, node2, ...)."""
+    env = CLUSTER_STATE / "cluster.env"
+    count = next(int(line.split("=")[1]) for line in env.read_text().splitlines() if line.startswith("NNODES="))
+    return [f"node{i}" for i in range(1, count + 1)]
+
+
+def on_node(node: str, *argv: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``argv`` inside ``node``'s namespaces (its network, hostname and mounts)."""
+    return subprocess.Popen(["bash", str(SLURM_LOCAL), "exec", node, *argv], **popen)
+
+
+@contextlib.contextmanager
+def caching_views(backing: Path, view: Path, ttl_s: float) -> Iterator[Path]:
+    """``view`` on every node is its own caching mount of ``backing`` (swiftslurm.testing.cachefs: listings and
+    attributes up to ``ttl_s`` old, as an NFS client's); on this host it is ``backing`` itself (a bind mount,
+    which the nodes do not receive), so the harness reads the truth."""
+    view.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(backing), str(view)], check=True)
+    mounts = {}
+    try:
+        for node in node_names():
+            argv = (sys.executable, "-m", "swiftslurm.testing.cachefs", str(backing), str(view), f"--ttl={ttl_s}")
+            mounts[node] = on_node(node, *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_until(
+                lambda n=node: on_node(n, "mountpoint", "-q", str(view)).wait() == 0,  # type: ignore[misc]
+                30,
+                f"the caching mount on {node}",
+            )
+        yield view
+    finally:
+        for node, daemon in mounts.items():
+            on_node(node, "fusermount3", "-u", "-z", str(view), stderr=subprocess.DEVNULL).wait()
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        subprocess.run(["umount", "-l", str(view)], check=False)

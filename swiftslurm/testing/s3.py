@@ -251,7 +251,9 @@ class FaultProxy:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._sockets: set[socket.socket] = set()
         self._listener = socket.create_server((host, 0))
-        self.url = f"http://{host}:{self._listener.getsockname()[1]}"
+        self._address = (host, self._listener.getsockname()[1])
+        self._down = False  # go_down() .. come_back(): connections are refused
+        self.url = f"http://{host}:{self._address[1]}"
         self._stop = threading.Event()
         self._deadline = time.monotonic() + lifetime_s
 
@@ -274,15 +276,40 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
+    def go_down(self) -> None:
+        """The endpoint refuses connections (ECONNREFUSED, as a stopped S3 endpoint does) until come_back();
+        connections already open are cut."""
+        with self._lock:
+            self._down = True
+            with contextlib.suppress(OSError):  # shutdown first: it stops the listening at once, even while
+                self._listener.shutdown(socket.SHUT_RDWR)  # another thread is inside accept()
+            self._listener.close()
+            for sock in list(self._sockets):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._count("down")
+
+    def come_back(self) -> None:
+        """Listen again, on the same address."""
+        with self._lock:
+            if self._down and not self._stop.is_set():
+                self._listener = socket.create_server(self._address)
+                self._down = False
+
     def _count(self, what: str) -> None:
         with self._lock:
             self.injected[what] += 1
 
     def _accept_loop(self) -> None:
-        self._listener.settimeout(0.2)
         while not self._stop.is_set() and time.monotonic() < self._deadline:
+            with self._lock:
+                listener = None if self._down else self._listener
+            if listener is None:
+                time.sleep(0.1)
+                continue
             try:
-                client, _ = self._listener.accept()
+                listener.settimeout(0.2)
+                client, _ = listener.accept()
             except (TimeoutError, OSError):
                 continue
             if self._slots.acquire(timeout=5):
