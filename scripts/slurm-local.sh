@@ -237,11 +237,15 @@ remove_hosts_entries() {
 }
 
 teardown_network() {
-  local ns
+  local ns veth
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$NS_PREFIX" || true); do
     ip netns del "$ns" 2>/dev/null || true
   done
-  # Deleting a namespace destroys its eth0 and so the host-side veth; the bridge goes last.
+  # Deleting a namespace destroys its eth0 and so the host-side veth, unless a dying process still holds
+  # the namespace: such a veth would make the next `up` fail ("File exists"). The bridge goes last.
+  for veth in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^sslurmv' || true); do
+    ip link del "$veth" 2>/dev/null || true
+  done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
   remove_hosts_entries
 }
