@@ -281,8 +281,8 @@ def act(
     elif trial.action == "signal":
         preempt(job)
     elif trial.action == "ctld-stop":
+        preempt(job)  # the controller freezes once scancel has its answer, before the save ends
         with slurmctld_stopped():
-            preempt(job)  # scancel gets its answer before the controller freezes
             time.sleep(rng.uniform(20, 40))
     elif trial.action == "s3-restore":
         assert setting.proxy is not None
