@@ -12,7 +12,7 @@ phases read that one log (attempt.py), whatever they are doing when a signal com
 
 This module is the one owner of signal dispositions in swiftslurm: which signals mean stop (the wrapper's
 STOP_SIGNALS, a training rank's RANK_STOP_SIGNALS), save (SAVE_SIGNAL) and dump stacks (DUMP_SIGNAL), and the
-only code that installs, restores, ignores or blocks a handler (`install`, `restore`, `ignore_from_now_on`,
+only code that installs, restores or ignores a handler or blocks a signal (`install`, `restore`, `ignore_from_now_on`,
 `ignore_save_signal`, `dump_stacks_on_signal`, `children_never_see_stop_signals`); the wrapper, the launcher
 and the ranks' plugins call these.
 """
@@ -111,8 +111,8 @@ def children_never_see_stop_signals(signals: tuple[int, ...] = RANK_STOP_SIGNALS
 
     SLURM signals every process of the job step, not only the ranks: `--signal=USR2@N`, `scancel --signal`, and
     TERM at a cancel, a preemption or the time limit. A data loader worker or an inference engine that a rank
-    started died of it (exec'ed or spawned, it has the default action; a forked torch worker dies of a TERM not
-    from its parent), and the rank's next batch failed before it could save. A blocked mask is inherited across
+    started would die of it (exec'ed or spawned, it has the default action; a forked torch worker dies of a TERM
+    not from its parent), and the rank's next batch would fail before it could save. A blocked mask is inherited across
     fork and exec (CPython's _posixsubprocess keeps it), so the child never acts on them, while the rank's own
     mask is blocked only while it starts a child (`blocked_in_this_thread`: a signal then is delayed, not lost).
     Its children still end with it: a torch worker watches its parent, the wrapper KILLs the trainer's tree, and
