@@ -12,16 +12,20 @@ phases read that one log (attempt.py), whatever they are doing when a signal com
 
 This module is the one owner of signal dispositions in swiftslurm: which signals mean stop (the wrapper's
 STOP_SIGNALS, a training rank's RANK_STOP_SIGNALS), save (SAVE_SIGNAL) and dump stacks (DUMP_SIGNAL), and the
-only code that installs, restores or ignores a handler (`install`, `restore`, `ignore_from_now_on`,
-`ignore_save_signal`, `dump_stacks_on_signal`); the wrapper, the launcher and the ranks' plugins call these.
+only code that installs, restores or ignores a handler or blocks a signal (`install`, `restore`, `ignore_from_now_on`,
+`ignore_save_signal`, `dump_stacks_on_signal`, `children_never_see_stop_signals`); the wrapper, the launcher
+and the ranks' plugins call these.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
+import functools
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -97,6 +101,98 @@ def ignore_save_signal() -> None:
     """For a child about to exec `swift` (Popen's preexec_fn): it and torchrun must survive SLURM's USR2,
     whose default action kills; the training ranks install their own handler over the inherited "ignore"."""
     signal.signal(SAVE_SIGNAL, signal.SIG_IGN)
+
+
+_children_blocked = False  # children_never_see_stop_signals has hooked this process
+
+
+def children_never_see_stop_signals(signals: tuple[int, ...] = RANK_STOP_SIGNALS) -> bool:
+    """For a training rank: every process it starts from now on has ``signals`` blocked, for its whole life.
+
+    SLURM signals every process of the job step, not only the ranks: `--signal=USR2@N`, `scancel --signal`, and
+    TERM at a cancel, a preemption or the time limit. A data loader worker or an inference engine that a rank
+    started would die of it (exec'ed or spawned, it has the default action; a forked torch worker dies of a TERM
+    not from its parent), and the rank's next batch would fail before it could save. A blocked mask is inherited across
+    fork and exec (CPython's _posixsubprocess keeps it), so the child never acts on them, while the rank's own
+    mask is blocked only while it starts a child (`blocked_in_this_thread`: a signal then is delayed, not lost).
+    Its children still end with it: a torch worker watches its parent, the wrapper KILLs the trainer's tree, and
+    at exit `_kill_daemon_children` stands in for the TERM multiprocessing sends. Idempotent (False when already
+    installed); it cannot be undone.
+
+    It hooks the calls that every way of starting a process in Python ends in, whatever the start method: fork
+    (`os.register_at_fork`), `_posixsubprocess.fork_exec` (subprocess; multiprocessing's spawn, forkserver and
+    resource tracker) and `os.posix_spawn[p]`. Each blocks in the thread that starts the child, whose mask the
+    child gets. Not around `Process.start`: the resource tracker unblocks INT and TERM once it has started."""
+    global _children_blocked
+    if _children_blocked:
+        return False
+    import _posixsubprocess
+    import multiprocessing.util  # noqa: F401  registers its exit function now: atexit runs the later one first
+    import subprocess
+
+    # subprocess (3.11+) holds its own reference to fork_exec; multiprocessing looks it up at each call.
+    for owner, name in (
+        (_posixsubprocess, "fork_exec"),
+        (subprocess, "_fork_exec"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+    ):
+        if callable(getattr(owner, name, None)):
+            setattr(owner, name, _with_blocked(getattr(owner, name), signals))
+    os.register_at_fork(before=lambda: _fork_masks.block(signals), after_in_parent=_fork_masks.restore)
+    atexit.register(_kill_daemon_children)
+    _children_blocked = True
+    return True
+
+
+@contextlib.contextmanager
+def blocked_in_this_thread(signals: tuple[int, ...]) -> Iterator[None]:
+    """Block ``signals`` in the calling thread while the block runs. One that arrives meanwhile stays pending
+    and is delivered (its handler runs) when the previous mask is put back: delayed, not lost."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _with_blocked(start: Callable[..., Any], signals: tuple[int, ...]) -> Callable[..., Any]:
+    @functools.wraps(start)
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        with blocked_in_this_thread(signals):
+            return start(*args, **kwargs)
+
+    return blocked
+
+
+class _ForkMasks(threading.local):
+    """The masks that the forks in progress in this thread replaced (register_at_fork's before and after are
+    two calls, so the block cannot be one `with`)."""
+
+    def __init__(self) -> None:
+        self.stack: list[set[int]] = []
+
+    def block(self, signals: tuple[int, ...]) -> None:
+        self.stack.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, signals)))
+
+    def restore(self) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.stack.pop())
+
+
+_fork_masks = _ForkMasks()
+
+
+def _kill_daemon_children() -> None:
+    """At exit multiprocessing TERMs a process's daemon children and waits for them (its exit function, which runs
+    after this one); torch relies on it for persistent data loader workers. They never see TERM, so they are
+    KILLed here, SIGCHLD's default put back first: torch's handler would report each as "killed by signal",
+    where TERM from their parent makes them exit 0."""
+    import multiprocessing
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 def dump_stacks_on_signal(file: IO[str]) -> None:

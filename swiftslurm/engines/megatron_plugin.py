@@ -5,7 +5,8 @@ callbacks (registered in `megatron_callbacks_map`, named in `--callbacks`) give 
 with the same parts as the `swift` plugin (hooks.py): `swiftslurm_megatron_stop` saves the iteration every
 rank agreed on and ends the training loop after that save; `swiftslurm_megatron_commit` commits each
 checkpoint once every rank has written its shards, and writes global rank 0's heartbeat: each iteration's end,
-each save and evaluation (rundir/beat.py). Importing it registers the rank's stack dump (hooks.py).
+each save and evaluation (rundir/beat.py). Importing it registers the rank's stack dump (hooks.py) and blocks
+the stop signals in every process the rank starts (signals.py: only the ranks see them).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from swift.megatron.callbacks.base import MegatronCallback
 from swiftslurm.engines.hooks import Committer, StopRequest, is_global_rank_zero, pauses, register_stack_dump
 from swiftslurm.engines.megatron import pauses_after
 from swiftslurm.rundir.beat import EVAL
+from swiftslurm.signals import children_never_see_stop_signals
 
 register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
+children_never_see_stop_signals()  # at import: before any data loader worker or engine starts
 
 
 class MegatronStopCallback(MegatronCallback):

@@ -5,7 +5,8 @@ stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards 
 the same step. `swiftslurm_commit` commits each checkpoint once every rank has written it, and writes global
 rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py). Retention
 (`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's
-stack dump (hooks.py).
+stack dump (hooks.py) and blocks the stop signals in every process the rank starts (signals.py: only the ranks
+see them).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from swift.callbacks import TrainerCallback, callbacks_map
 
 from swiftslurm.engines.hooks import Committer, StopRequest, pauses, register_stack_dump
 from swiftslurm.rundir.beat import EVAL
+from swiftslurm.signals import children_never_see_stop_signals
 
 register_stack_dump()  # at import: a rank that hangs while loading the model or the data has stacks too
+children_never_see_stop_signals()  # at import: before any data loader worker or engine starts
 
 
 class StopCallback(TrainerCallback):

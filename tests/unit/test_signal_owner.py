@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from swiftslurm.signals import (
     SAVE_SIGNAL,
     STOP_SIGNALS,
     SignalLog,
+    blocked_in_this_thread,
     ignore_from_now_on,
     ignore_save_signal,
     install,
@@ -27,7 +29,12 @@ from swiftslurm.signals import (
 PACKAGE = Path(__file__).resolve().parents[2] / "swiftslurm"
 OWNER = PACKAGE / "signals.py"
 # Calls that change what a signal does to the process; only the owner makes them.
-DISPOSITION_CALLS = {("signal", "signal"), ("faulthandler", "register"), ("signal", "siginterrupt")}
+DISPOSITION_CALLS = {
+    ("signal", "signal"),
+    ("faulthandler", "register"),
+    ("signal", "siginterrupt"),
+    ("signal", "pthread_sigmask"),
+}
 
 
 def calls(tree: ast.AST) -> Iterator[tuple[str, str, int]]:
@@ -133,3 +140,25 @@ def test_the_stack_dump_is_registered_on_the_dump_signal(dispositions_kept: None
         finally:
             faulthandler.unregister(DUMP_SIGNAL)
     assert "test_the_stack_dump_is_registered_on_the_dump_signal" in (tmp_path / "stacks").read_text()
+
+
+def test_both_rank_plugins_block_the_stop_signals_in_what_their_rank_starts() -> None:
+    """At import, before the rank builds its data loader or an inference engine (tests/component/test_rank_children.py
+    checks what it does)."""
+    for plugin in ("swift_plugin.py", "megatron_plugin.py"):
+        tree = ast.parse((PACKAGE / "engines" / plugin).read_text())
+        at_import = [
+            node.value.func.id
+            for node in tree.body
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+        ]
+        assert "children_never_see_stop_signals" in at_import, plugin
+
+
+def test_a_stop_signal_while_a_child_starts_reaches_the_rank_afterwards(dispositions_kept: None) -> None:
+    seen: list[int] = []
+    install(lambda signum, _frame: seen.append(signum), RANK_STOP_SIGNALS)
+    with blocked_in_this_thread(RANK_STOP_SIGNALS):
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)  # to this thread, which blocks it
+        assert seen == [] and signal.SIGUSR2 in signal.sigpending()
+    assert seen == [signal.SIGUSR2] and signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
