@@ -33,28 +33,14 @@ from swiftslurm.storage import store as store_mod
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import restore
 from tests.conftest import plan_for
+from tests.unit.test_attempt_skip import JOB, requeued_leader
 from tests.unit.test_fetch import FakeS3
 
-JOB = "4242"
 LAST_STEP = 30
 UNREACHABLE = EndpointConnectionError(endpoint_url="http://s3.test:8333/b?list-type=2")
 EXPIRED = ClientError(
     {"Error": {"Code": "ExpiredToken", "Message": "The provided token has expired."}}, "ListObjectsV2"
 )
-
-
-def requeued_leader() -> SlurmEnv:
-    """Node 0 of a one-node job that SLURM has requeued once."""
-    env = {
-        "SLURM_JOB_ID": JOB,
-        "SLURM_JOB_NODELIST": "n1",
-        "SLURM_JOB_NUM_NODES": "1",
-        "SLURM_NODEID": "0",
-        "SLURM_PROCID": "0",
-        "SLURM_NTASKS": "1",
-        "SLURM_RESTART_COUNT": "1",
-    }
-    return SlurmEnv.from_environ(env)
 
 
 def local_leader() -> SlurmEnv:
