@@ -448,6 +448,7 @@ def _record(
         quarantined=tuple(str(p) for p in resume.quarantined),
         rejected=tuple(resume.rejected),
         restore_error=resume.restore_error,
+        removed=tuple(str(p) for p in resume.removed),
         committed_step=committed_step,
         progressed=(committed_step or 0) > resume.step,
         failed_host=failed,

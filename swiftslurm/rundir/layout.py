@@ -30,6 +30,8 @@
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
+                         .pruning/ (checkpoints retention is deleting: moved here whole first, so a kill
+                         midway leaves nothing half-deleted in place; leftovers go at the next attempt start)
                          .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
                          checkpoint-<step>-universal/ (a ZeRO checkpoint's form for another number of
                          ranks, derived, never uploaded; .checkpoint-<step>-universal.building-*/ while
@@ -78,6 +80,7 @@ PREFLIGHT = "preflight"
 PREFLIGHT_REPORT = "report.json"
 OUTPUT = "output"
 QUARANTINE = "quarantine"  # in output/: checkpoints set aside (uncommitted, or newer than the resume point)
+PRUNING = ".pruning"  # in output/: checkpoints being deleted by retention, each renamed here first
 DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"

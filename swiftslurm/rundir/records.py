@@ -49,6 +49,7 @@ class AttemptRecord:
     resume_step: int | None = None
     quarantined: tuple[str, ...] = ()
     rejected: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()  # deleted at the start: earlier quarantine, prunes cut short (ckpt.reclaim)
     committed_step: int | None = None
     progressed: bool | None = None  # it committed a newer checkpoint than it resumed from
     failed_host: str | None = None
