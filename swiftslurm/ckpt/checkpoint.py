@@ -296,6 +296,17 @@ def _delete_whole(output_dir: Path, checkpoint: Path) -> None:
         trash.rmdir()  # left when it is not empty: an earlier prune was cut short
 
 
+def unfinished_save(output_dir: Path) -> Path | None:
+    """The newest checkpoint folder when it has no manifest: a save that did not finish (or not yet)."""
+    found = checkpoint_dirs(output_dir)
+    return found[-1][1] if found and not is_committed(found[-1][1]) else None
+
+
+def committed_bytes(checkpoint: Path) -> int:
+    """The size of a committed checkpoint, as its manifest lists its files (0 without one)."""
+    return sum(entry["size"] for entry in (read_manifest(checkpoint) or {}).get("files", []))
+
+
 def disk_policy(keep: int, storage: bool) -> list[str]:
     """What swiftslurm deletes from the output dir, and when, a line a rule (the dry run shows them)."""
     kept = f"the newest {keep} committed checkpoints" if keep > 0 else "every committed checkpoint"

@@ -37,6 +37,8 @@
                          ranks, derived, never uploaded; .checkpoint-<step>-universal.building-*/ while
                          node 0 builds it; named by ckpt/checkpoint.py, engines/zero_reshard.py)
                          (a checkpoint's manifest is named by ckpt/checkpoint.py, with the commit format)
+      reserve/node<N>    disk space node N's wrapper holds while its trainer runs, released for the records
+                         when the trainer ends (rundir/reserve.py)
       submitit/          submitit's own files
 
 The run dir itself is RUN_DIR_MODE (owner and group only), whatever the umask; it holds no secrets.
@@ -84,6 +86,8 @@ PRUNING = ".pruning"  # in output/: checkpoints being deleted by retention, each
 DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"
+RESERVE = "reserve"  # disk space held for the records while the trainer runs (rundir/reserve.py)
+RESERVE_FILE = "node{node}"  # in reserve/
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/
 NODE_RESULT = "node{node}.json"  # in logs/<attempt>/
 PREFLIGHT_RANK_REPORT = "rank{node}.json"  # in preflight/<attempt>/
@@ -193,6 +197,10 @@ def preflight_rank_report(attempt_dir: Path, node: int) -> Path:
 
 def preflight_token(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / PREFLIGHT_TOKEN.format(node=node)
+
+
+def reserve_file(run_dir: Path, node: int) -> Path:
+    return run_dir / RESERVE / RESERVE_FILE.format(node=node)
 
 
 def slurm_log(folder: Path, job_id: str) -> Path:

@@ -11,6 +11,7 @@ from swiftslurm.render import display_command, render_sbatch, swift_command
 from swiftslurm.rundir.layout import PREFLIGHT_REPORT, SBATCH, preflight_dir
 from swiftslurm.rundir.metrics import read_metrics
 from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.rundir.reserve import RESERVE_BYTES
 from swiftslurm.slurm_env import SlurmEnv, rank_env
 from swiftslurm.submit.preflight import read_report
 
@@ -42,8 +43,12 @@ def describe_plan(plan: JobPlan) -> str:
 
 
 def _disk_lines(plan: JobPlan) -> list[str]:
-    """What is deleted from the output dir, and when."""
-    rules = disk_policy(plan.keep_checkpoints, plan.storage is not None)
+    """What is deleted from the output dir and when; what a full disk does."""
+    rules = [
+        *disk_policy(plan.keep_checkpoints, plan.storage is not None),
+        "a save that does not fit is disk_full: retried after the back-off, counted like a failure;",
+        f"each node holds {RESERVE_BYTES >> 20} MiB back while training, so that its records still fit",
+    ]
     return [("disk" if i == 0 else "").ljust(12) + rule for i, rule in enumerate(rules)]
 
 
