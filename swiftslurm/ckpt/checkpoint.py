@@ -4,15 +4,19 @@ Transformers writes `checkpoint-N` in place, so a kill mid-save leaves a folder 
 but is not. The manifest (files, sizes, SHA-256, step, world size, ms-swift version) is written after
 every rank has finished writing, with temp file + fsync + rename, so it exists whole or not at all.
 Resume takes the newest committed checkpoint whose files still match; anything newer and uncommitted
-is moved aside into `quarantine/`, never deleted and never loaded.
+is moved aside into `quarantine/`, never loaded, and deleted at the start of the attempt after (`reclaim`).
+Retention deletes a checkpoint by renaming it into `.pruning/` first, so a kill midway leaves nothing
+half-deleted beside the committed ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ from typing import Any
 
 from swiftslurm.errors import NodeError, SwiftSlurmError
 from swiftslurm.rundir.jsonio import fsync_dir, read_json, write_json_atomic
-from swiftslurm.rundir.layout import QUARANTINE
+from swiftslurm.rundir.layout import PRUNING, QUARANTINE
 
 # In each checkpoint-N folder and under its object-store prefix: part of the commit format, so named here.
 MANIFEST = "swiftslurm_manifest.json"
@@ -199,6 +203,7 @@ class ResumePoint:
     rejected: tuple[str, ...] = ()  # committed checkpoints whose files no longer match
     complete: bool = False  # the checkpoint is the run's planned last step: nothing is left to train
     restore_error: str | None = None  # the object store could not be read: this is the newest local checkpoint
+    removed: tuple[Path, ...] = ()  # deleted before anything was set aside (`reclaim`)
 
 
 def newest_committed(output_dir: Path) -> tuple[Path | None, list[str]]:
@@ -229,15 +234,41 @@ def quarantine_newer_than(output_dir: Path, step: int, tag: str) -> list[Path]:
 
 
 def prepare_resume(output_dir: Path, tag: str, move: bool, identity: str | None = None) -> ResumePoint:
-    """Pick the resume point; with ``move`` (node 0 only) set aside what is newer than it. A resume point
-    committed by another plan than ``identity`` is refused (check_identity) before anything is moved."""
+    """Pick the resume point; with ``move`` (node 0 only) delete what no attempt can use (`reclaim`), then set
+    aside what is newer than it. A resume point committed by another plan than ``identity`` is refused
+    (check_identity) before anything is moved or deleted."""
     checkpoint, rejected = newest_committed(output_dir)
     if checkpoint is not None:
         check_identity(read_manifest(checkpoint), identity, str(checkpoint))
     step = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
+    removed = reclaim(output_dir, step) if move else []
     moved = quarantine_newer_than(output_dir, step, tag) if move else []
     complete = checkpoint is not None and is_last_step(read_manifest(checkpoint))
-    return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected), complete)
+    return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected), complete, removed=tuple(removed))
+
+
+def reclaim(output_dir: Path, resume_step: int) -> list[Path]:
+    """Delete what no attempt can use again, at an attempt's start while nothing writes ``output_dir``: all that
+    earlier attempts set aside in quarantine/ (never loaded; the attempt records list it), what prunes cut
+    short left in .pruning/, and uncommitted checkpoints older than the resume point with their companions
+    (a commit that failed while training went on, a prune cut short by a swiftslurm before .pruning/).
+    Returns what was deleted."""
+    stale = [entry for folder in (output_dir / QUARANTINE, output_dir / PRUNING) for entry in _entries(folder)]
+    for step, path in checkpoint_dirs(output_dir):
+        if step < resume_step and not is_committed(path):
+            stale.extend((path, *companions(path)))
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)  # a kill midway: the rest goes at the next start
+        else:
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (output_dir / PRUNING).rmdir()  # kept while an entry could not be deleted
+    return stale
+
+
+def _entries(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
 def prune_committed(output_dir: Path, keep: int, only: Collection[int] | None = None) -> list[Path]:
@@ -246,11 +277,45 @@ def prune_committed(output_dir: Path, keep: int, only: Collection[int] | None = 
     committed = [path for _, path in checkpoint_dirs(output_dir) if is_committed(path)]
     doomed = [path for path in committed[: -max(keep, 1)] if only is None or checkpoint_step(path) in only]
     for path in doomed:
-        # The manifest goes first: a half-deleted folder must not look committed.
-        (path / MANIFEST).unlink(missing_ok=True)
-        for folder in (path, *companions(path)):
-            shutil.rmtree(folder, ignore_errors=True)
+        _delete_whole(output_dir, path)
     return doomed
+
+
+def _delete_whole(output_dir: Path, checkpoint: Path) -> None:
+    """Delete a checkpoint so that a kill at any moment (the wrapper kills the trainer once the stop checkpoint
+    is committed, and the trainer prunes right after a commit) leaves it whole in place or gone from there:
+    each folder is renamed into .pruning/ first, its companions before it, then deleted. What a kill leaves
+    in .pruning/ is deleted at the next attempt's start (`reclaim`)."""
+    trash = output_dir / PRUNING
+    trash.mkdir(exist_ok=True)
+    doomed = Path(tempfile.mkdtemp(dir=trash, prefix=f"{checkpoint.name}."))
+    for folder in (*companions(checkpoint), checkpoint):
+        os.replace(folder, doomed / folder.name)
+    shutil.rmtree(doomed, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        trash.rmdir()  # left when it is not empty: an earlier prune was cut short
+
+
+def unfinished_save(output_dir: Path) -> Path | None:
+    """The newest checkpoint folder when it has no manifest: a save that did not finish (or not yet)."""
+    found = checkpoint_dirs(output_dir)
+    return found[-1][1] if found and not is_committed(found[-1][1]) else None
+
+
+def committed_bytes(checkpoint: Path) -> int:
+    """The size of a committed checkpoint, as its manifest lists its files (0 without one)."""
+    return sum(entry["size"] for entry in (read_manifest(checkpoint) or {}).get("files", []))
+
+
+def disk_policy(keep: int, storage: bool) -> list[str]:
+    """What swiftslurm deletes from the output dir, and when, a line a rule (the dry run shows them)."""
+    kept = f"the newest {keep} committed checkpoints" if keep > 0 else "every committed checkpoint"
+    uploaded = ", older ones once uploaded" if storage and keep > 0 else ""
+    return [
+        f"keeps {kept} (keep_checkpoints={keep}{uploaded})",
+        f"at each attempt's start, deletes what earlier attempts set aside ({QUARANTINE}/),",
+        f"uncommitted checkpoints older than the resume point, and prunes cut short ({PRUNING}/)",
+    ]
 
 
 def newest_checkpoint(output_dir: Path) -> Path | None:

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm import slurm as slurm_cli
-from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
+from swiftslurm.ckpt.checkpoint import (
+    ResumePoint,
+    checkpoint_step,
+    committed_bytes,
+    newest_committed,
+    quarantine_newer_than,
+    unfinished_save,
+)
 from swiftslurm.engines.progress import tail
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import SlurmError, SwiftSlurmError
@@ -23,7 +30,7 @@ from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
-from swiftslurm.rundir.layout import attempt_dir, node_log, plan_file, preflight_report, resume_file
+from swiftslurm.rundir.layout import QUARANTINE, attempt_dir, node_log, plan_file, preflight_report, resume_file
 from swiftslurm.rundir.lease import Lease, job_alive
 from swiftslurm.rundir.records import CONCLUDED_KEYS, AttemptRecord, is_cancelled
 from swiftslurm.signals import SAVE_SIGNAL
@@ -72,6 +79,12 @@ def conclude(
         explanation = f"{explanation}: {hang_line(observed.hang)}"
     committed, _ = newest_committed(plan.output_dir)
     committed_step = checkpoint_step(committed) if committed else 0
+    set_aside: list[Path] = []
+    if reason is decide.Reason.DISK_FULL:  # nothing resumes from it; the next start deletes it (ckpt.reclaim)
+        set_aside = quarantine_newer_than(plan.output_dir, committed_step or 0, attempt)
+        kept = f"{committed.name} is kept" if committed else "no committed checkpoint to keep"
+        moved = ", ".join(f"{QUARANTINE}/{path.name}" for path in set_aside)
+        explanation = f"{explanation}; set aside as {moved}, {kept}"
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     # Never restarted in place after an outage of the store: a requeue's back-off gives it time to come back.
     here = attempt_dir(run_dir, attempt)
@@ -88,6 +101,7 @@ def conclude(
     record = _record(where, attempt, resume, observed, decision, committed_step, failed)
     record = replace(
         record,
+        quarantined=(*record.quarantined, *(str(p) for p in set_aside)),
         failed_host_evidence=blamed[1] if blamed else None,
         end_time_error=unknown_end,
         phases={name: round(at, 3) for name, at in (phases or {}).items()},
@@ -280,6 +294,7 @@ def _facts(
         failed_host=failed,
         unrestored=observed.unrestored,
         trained_before=_trained_before(run_dir, resume),
+        save_space=_save_space(plan, observed),
     )
 
 
@@ -287,6 +302,20 @@ def _trained_before(run_dir: Path, resume: ResumePoint) -> bool:
     """Whether the run trained before this attempt: it resumes a committed checkpoint, or an earlier attempt
     logged a training step."""
     return resume.step > 0 or any(past.first_step_at is not None for past in records.read_attempts(run_dir))
+
+
+def _save_space(plan: JobPlan, observed: Observed) -> decide.SaveSpace | None:
+    """The disk as the trainer left it when its newest checkpoint is unfinished (else None), and what a
+    checkpoint needs: the newest committed one's size, or the plan's estimate before the first commit."""
+    unfinished = unfinished_save(plan.output_dir)
+    if unfinished is None or observed.disk_free is None:
+        return None
+    newest, _ = newest_committed(plan.output_dir)
+    if newest is not None:
+        needed, basis = committed_bytes(newest), f"the size of {newest.name}"
+    else:
+        needed, basis = int(plan.preflight.min_free_gb * 1e9), "the plan's estimate of one checkpoint"
+    return decide.SaveSpace(str(unfinished), observed.disk_free, needed, basis)
 
 
 def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> tuple[decide.Reason | None, str | None]:
@@ -448,6 +477,7 @@ def _record(
         quarantined=tuple(str(p) for p in resume.quarantined),
         rejected=tuple(resume.rejected),
         restore_error=resume.restore_error,
+        removed=tuple(str(p) for p in resume.removed),
         committed_step=committed_step,
         progressed=(committed_step or 0) > resume.step,
         failed_host=failed,

@@ -35,6 +35,7 @@ class Reason(str, Enum):
     INFRA = "infra"  # collective timeout, lost peer or node, killed process, hang: worth another attempt
     USER_ERROR = "user_error"  # bad input or a config that cannot fit: another attempt would fail the same way
     CANCELLED = "cancelled"  # scancel, Ctrl-C or `swiftslurm cancel`: a person stopped it
+    DISK_FULL = "disk_full"  # a save did not fit on the disk: retried after a back-off, in case space comes back
 
 
 class Action(str, Enum):
@@ -56,6 +57,33 @@ def classify_signal(now: float, end_time: float | None, lead_s: int, slack_s: in
 
 
 @dataclass(frozen=True)
+class SaveSpace:
+    """The disk as the trainer left it, while its newest checkpoint was unfinished (no manifest)."""
+
+    unfinished: str  # that checkpoint's path
+    free_bytes: int  # free on its filesystem when the trainer ended
+    needed_bytes: int  # what a checkpoint takes
+    basis: str  # where that figure comes from: "the size of checkpoint-10", "the plan's estimate ..."
+
+    def did_not_fit(self) -> bool:
+        return self.free_bytes < self.needed_bytes
+
+    def line(self) -> str:
+        return (
+            f"saving {self.unfinished} did not fit: {size_text(self.free_bytes)} free on its filesystem when the "
+            f"trainer ended, a checkpoint needs about {size_text(self.needed_bytes)} ({self.basis})"
+        )
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: 0 B, 512 B, 3.4 kB, 270.0 MB, 1.2 GB (powers of 1000, as `df -H`)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
 class AttemptFacts:
     """What the wrapper on node 0 observed about one attempt."""
 
@@ -71,6 +99,7 @@ class AttemptFacts:
     # The run trained before this attempt: it resumed from a committed checkpoint, or an earlier attempt logged a
     # step. Then the same input has worked, and an error at start-up is the machine's, not the user's.
     trained_before: bool = False
+    save_space: SaveSpace | None = None  # the trainer ended with its newest checkpoint unfinished
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -252,6 +281,8 @@ def classify(facts: AttemptFacts, user_error_window_s: float = 300) -> tuple[Rea
     steps = steps_phrase(facts.steps_done)
     if facts.reached_last_step:  # committed at its last step: a kill or crash after that loses nothing
         return Reason.FINISHED, f"training reached its last step ({facts.steps_done} steps this attempt)"
+    if facts.save_space is not None and facts.save_space.did_not_fit():  # whatever ended the trainer after
+        return Reason.DISK_FULL, facts.save_space.line()
     if facts.signal_reason is not None:  # saving and exiting after the signal is normal, whatever the exit code
         return facts.signal_reason, f"{facts.signal_reason.value.replace('_', ' ')} {steps}"
     if facts.unrestored is not None:  # an outage, not the input: retried with back-off like any infra failure
@@ -362,7 +393,7 @@ def failures_after(previous: int, reason: Reason, committed_new_checkpoint: bool
     """Progress resets the count; a preemption or time-out without progress neither adds to it nor clears it."""
     if committed_new_checkpoint or reason is Reason.FINISHED:
         return 0
-    return previous + 1 if reason is Reason.INFRA else previous
+    return previous + 1 if reason in (Reason.INFRA, Reason.DISK_FULL) else previous
 
 
 def stops_after(previous: int, reason: Reason, committed_new_checkpoint: bool) -> int:
@@ -503,6 +534,8 @@ def decide_by_reason(
         return Decision(Action.STOP, reason, f"user error: {explanation}; not retried: fix it, then {RESUBMIT}")
     if reason in SIGNAL_REASONS and history.stops_without_progress > budget.max_stops_without_progress:
         return stalled_by_stops(reason, explanation, history, budget)
+    if reason is Reason.DISK_FULL:
+        return decide_disk_full(explanation, history, budget, exclude)
     if reason is Reason.PREEMPTED:
         return Decision(Action.REQUEUE, reason, f"{explanation}; requeued (preemptions are unlimited)", 0, exclude)
     if reason is Reason.TIMED_OUT:
@@ -562,11 +595,35 @@ def decide_infra(explanation: str, history: History, budget: Budget, exclude: tu
             f"and the node logs, then {RESUBMIT} (or raise `resilience.max_consecutive_failures`)"
         )
         return Decision(Action.STOP, Reason.INFRA, why)
-    # Exponential back-off; an INFRA attempt that still committed a checkpoint (count 0) waits the base time.
-    delay = min(budget.backoff_max_s, budget.backoff_base_s * 2 ** max(failures - 1, 0))
+    delay = backoff_s(failures, budget)
     excluding = f", excluding {','.join(exclude)}" if exclude else ""
     why = (
         f"infrastructure failure: {explanation}; requeued in {delay:.0f}s "
         f"({failures} of {budget.max_consecutive_failures} failures in a row without progress{excluding})"
     )
     return Decision(Action.REQUEUE, Reason.INFRA, why, delay, exclude)
+
+
+def decide_disk_full(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:
+    """A save that did not fit: requeued after the back-off, since the space may come back (another job's files
+    deleted, a purge; the next start deletes what this attempt set aside), and counted like an infrastructure
+    failure: once it repeats without progress beyond `max_consecutive_failures`, the run stops."""
+    failures = history.consecutive_failures
+    fix = "free that much on that filesystem (fewer checkpoints kept: keep_checkpoints=N) or move run_dir"
+    if failures > budget.max_consecutive_failures:
+        stopped = f"stopped: full again after {failures} attempt(s) in a row without progress"
+        return Decision(Action.STOP, Reason.DISK_FULL, f"disk full: {explanation}; {stopped}: {fix}, then {RESUBMIT}")
+    delay = backoff_s(failures, budget)
+    count = (
+        f"{failures} of {budget.max_consecutive_failures} attempts in a row without progress"
+        if failures
+        else "it committed a new checkpoint first"
+    )
+    why = f"disk full: {explanation}; requeued in {delay:.0f}s ({count}; the run stops once they are spent): {fix}"
+    return Decision(Action.REQUEUE, Reason.DISK_FULL, why, delay, exclude)
+
+
+def backoff_s(failures: int, budget: Budget) -> float:
+    """Exponential back-off after ``failures`` in a row; an attempt that still committed a checkpoint (count 0)
+    waits the base time."""
+    return min(budget.backoff_max_s, budget.backoff_base_s * 2 ** max(failures - 1, 0))

@@ -23,6 +23,7 @@ from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
 from swiftslurm.plan import JobPlan, Resilience
 from swiftslurm.render import swift_command
+from swiftslurm.rundir import reserve
 from swiftslurm.rundir.beat import PROGRESS_ENV, STEP, ProgressWatch
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import (
@@ -70,6 +71,7 @@ class Observed:
     hang: dict[str, Any] | None = None  # hung: when, at which step, the window, where the stacks are
     unrestored: str | None = None  # no trainer started: why the object store could not be restored from
     stop: dict[str, Any] | None = None  # after a stop signal: the agreed step and the save deadline (_Watcher)
+    disk_free: int | None = None  # bytes free beside the checkpoints as the trainer left them (reserve held)
 
     @property
     def peer_failed(self) -> bool:
@@ -139,17 +141,21 @@ def train(
     watch = ProgressWatch(progress_file(log_path.parent), started)
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
+    if (no_room := reserve.hold(run_dir, where.node_id)) is not None:
+        print(f"[swiftslurm] {no_room}", flush=True)
     trainer = Trainer(swift_command(plan, extra), env, log_path, cwd=run_dir)
     watcher = _Watcher(
         plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed, lease_lost
     )
     watcher.end_times = end_times
     code, ended = watcher.until_exit(), time.time()
+    disk_free = reserve.free_bytes(plan.output_dir if plan.output_dir.is_dir() else run_dir)
+    reserve.release(run_dir, where.node_id)  # before anything is written: a save may have filled the disk
     stacks.tidy(log_path.parent, node_ranks(plan, where))
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
     observed = Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by)
-    return replace(observed, hang=watcher.hang, stop=watcher.stop_record())
+    return replace(observed, hang=watcher.hang, stop=watcher.stop_record(), disk_free=disk_free)
 
 
 def resume_args(plan: JobPlan, shape: AttemptShape, resume: ResumePoint) -> tuple[str, ...]:

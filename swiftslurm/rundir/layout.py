@@ -30,11 +30,15 @@
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
+                         .pruning/ (checkpoints retention is deleting: moved here whole first, so a kill
+                         midway leaves nothing half-deleted in place; leftovers go at the next attempt start)
                          .checkpoint-<step>.download-*/ (a restore in progress; a killed one's is stale)
                          checkpoint-<step>-universal/ (a ZeRO checkpoint's form for another number of
                          ranks, derived, never uploaded; .checkpoint-<step>-universal.building-*/ while
                          node 0 builds it; named by ckpt/checkpoint.py, engines/zero_reshard.py)
                          (a checkpoint's manifest is named by ckpt/checkpoint.py, with the commit format)
+      reserve/node<N>    disk space node N's wrapper holds while its trainer runs, released for the records
+                         when the trainer ends (rundir/reserve.py)
       submitit/          submitit's own files
 
 The run dir itself is RUN_DIR_MODE (owner and group only), whatever the umask; it holds no secrets.
@@ -78,9 +82,12 @@ PREFLIGHT = "preflight"
 PREFLIGHT_REPORT = "report.json"
 OUTPUT = "output"
 QUARANTINE = "quarantine"  # in output/: checkpoints set aside (uncommitted, or newer than the resume point)
+PRUNING = ".pruning"  # in output/: checkpoints being deleted by retention, each renamed here first
 DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"
+RESERVE = "reserve"  # disk space held for the records while the trainer runs (rundir/reserve.py)
+RESERVE_FILE = "node{node}"  # in reserve/
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/
 NODE_RESULT = "node{node}.json"  # in logs/<attempt>/
 PREFLIGHT_RANK_REPORT = "rank{node}.json"  # in preflight/<attempt>/
@@ -190,6 +197,10 @@ def preflight_rank_report(attempt_dir: Path, node: int) -> Path:
 
 def preflight_token(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / PREFLIGHT_TOKEN.format(node=node)
+
+
+def reserve_file(run_dir: Path, node: int) -> Path:
+    return run_dir / RESERVE / RESERVE_FILE.format(node=node)
 
 
 def slurm_log(folder: Path, job_id: str) -> Path:

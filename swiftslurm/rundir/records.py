@@ -47,8 +47,9 @@ class AttemptRecord:
     max_steps: int | None = None
     resumed_from: str | None = None
     resume_step: int | None = None
-    quarantined: tuple[str, ...] = ()
+    quarantined: tuple[str, ...] = ()  # set aside at the start, and a save that did not fit on the disk
     rejected: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()  # deleted at the start: earlier quarantine, prunes cut short (ckpt.reclaim)
     committed_step: int | None = None
     progressed: bool | None = None  # it committed a newer checkpoint than it resumed from
     failed_host: str | None = None

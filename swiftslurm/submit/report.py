@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swiftslurm.ckpt.checkpoint import newest_checkpoint
+from swiftslurm.ckpt.checkpoint import disk_policy, newest_checkpoint
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
 from swiftslurm.rundir.layout import PREFLIGHT_REPORT, SBATCH, preflight_dir
 from swiftslurm.rundir.metrics import read_metrics
 from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.rundir.reserve import RESERVE_BYTES
 from swiftslurm.slurm_env import SlurmEnv, rank_env
 from swiftslurm.submit.preflight import read_report
 
@@ -29,6 +30,7 @@ def describe_plan(plan: JobPlan) -> str:
         f"{'on' if par.sequence_parallel else 'off'}) → data parallel {batch.data_parallel}",
         f"batch       global {batch.global_} = micro {batch.micro} × grad accum {batch.grad_accum} "
         f"× data parallel {batch.data_parallel} (samples per optimizer step)",
+        *_disk_lines(plan),
     ]
     if plan.slurm:
         spec = plan.slurm
@@ -38,6 +40,16 @@ def describe_plan(plan: JobPlan) -> str:
             f"signal {spec.signal}, gpus/node {spec.gpus or 0}"
         )
     return "\n".join(lines)
+
+
+def _disk_lines(plan: JobPlan) -> list[str]:
+    """What is deleted from the output dir and when; what a full disk does."""
+    rules = [
+        *disk_policy(plan.keep_checkpoints, plan.storage is not None),
+        "a save that does not fit is disk_full: retried after the back-off, counted like a failure;",
+        f"each node holds {RESERVE_BYTES >> 20} MiB back while training, so that its records still fit",
+    ]
+    return [("disk" if i == 0 else "").ljust(12) + rule for i, rule in enumerate(rules)]
 
 
 def describe_engine(plan: JobPlan) -> str:

@@ -15,6 +15,7 @@ from swiftslurm.node.decide import (
     History,
     NodeEnd,
     Reason,
+    SaveSpace,
     blame,
     classify,
     classify_signal,
@@ -263,6 +264,41 @@ def test_signal_without_known_end_time_is_preemption() -> None:
 
 def test_last_step_with_exit_zero_is_finished() -> None:
     assert classify(facts(exit_code=0, reached_last_step=True, steps_done=40))[0] is Reason.FINISHED
+
+
+FULL = SaveSpace("/runs/a/output/checkpoint-20", free_bytes=4096, needed_bytes=2_400_000_000, basis="the size of x")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"signal_reason": Reason.PREEMPTED}, {"hung": True}, {"exit_code": -9}, {"exit_code": 0}],
+    ids=["crashed", "stop-signal", "hung", "killed", "exit-0"],
+)
+def test_a_save_that_did_not_fit_is_requeued_after_the_back_off_naming_the_path_and_the_space(
+    overrides: dict[str, object],
+) -> None:
+    """Whatever ended the trainer after its save hit the full disk; the space may come back (another job's files)."""
+    reason, why = classify(facts(save_space=FULL, **overrides))
+    history = history_after(None, reason, committed_new_checkpoint=False, failed_host=None)
+    decision = decide(reason, why, history, Budget(backoff_base_s=30))
+    assert (decision.reason, decision.action, decision.delay_s) == (Reason.DISK_FULL, Action.REQUEUE, 30)
+    assert decision.why.startswith("disk full: saving /runs/a/output/checkpoint-20 did not fit: 4.1 kB free")
+    assert "a checkpoint needs about 2.4 GB (the size of x)" in decision.why
+    assert "requeued in 30s (1 of 3 attempts in a row without progress" in decision.why
+
+
+def test_a_disk_that_stays_full_stops_the_run_once_the_failures_without_progress_are_spent() -> None:
+    reason, why = classify(facts(save_space=FULL))
+    history = History(attempts=4, timeouts=0, consecutive_failures=4)
+    decision = decide(reason, why, history, Budget(max_consecutive_failures=3))
+    assert (decision.reason, decision.action) == (Reason.DISK_FULL, Action.STOP)
+    assert "stopped: full again after 4 attempt(s) in a row without progress: free that much on that" in decision.why
+    assert history_after(history, reason, False, None).consecutive_failures == 5  # counted like infra
+
+
+def test_an_unfinished_save_with_room_on_the_disk_is_not_a_full_disk() -> None:
+    roomy = replace(FULL, free_bytes=FULL.needed_bytes)
+    assert classify(facts(save_space=roomy, exit_code=-9))[0] is Reason.INFRA
 
 
 @pytest.mark.parametrize("exit_code", [0, 1, -15, 143])
