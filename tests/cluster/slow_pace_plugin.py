@@ -12,8 +12,8 @@ from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
-STEP_S = 20.0
-SAVE_S = 120.0
+STEP_S = 5.0
+SAVE_S = 30.0
 
 
 class SlowPaceCallback(TrainerCallback):

@@ -12,15 +12,15 @@ from swiftslurm.testing.cluster import attempts, cancel_if_active, describe, sta
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
-SLOW_PACE = HERE / "slow_pace_plugin.py"  # steps of 20 s, saves of 120 s more (slow_pace_plugin.STEP_S, SAVE_S)
+SLOW_PACE = HERE / "slow_pace_plugin.py"  # steps of 5 s, saves of 30 s more (slow_pace_plugin.STEP_S, SAVE_S)
 OOM = HERE / "oom_plugin.py"
 
 
 def test_steps_logged_further_apart_than_the_ceiling_and_a_long_first_save_are_not_a_hang(
     tmp_path: Path, slurm_cluster: None
 ) -> None:
-    """With `logging_steps=5` the logged lines come 100 s apart and the first save takes 120 s, both above
-    `hang_timeout_s=80`: the watchdog that read the lines called this run hung at its second one."""
+    """With `logging_steps=5` the logged lines come 25 s apart and the first save takes 30 s, both above
+    `hang_timeout_s=20`: the watchdog that read the lines called this run hung at its second one."""
     run_dir = tmp_path / "run"
     job = submit(
         run_dir,
@@ -29,9 +29,9 @@ def test_steps_logged_further_apart_than_the_ceiling_and_a_long_first_save_are_n
         "swift.logging_steps=5",
         "swift.max_steps=10",
         "swift.save_steps=5",
-        "resilience.hang_window_floor_s=10",
-        "resilience.hang_timeout_s=80",
-        "resilience.pause_timeout_s=400",
+        "resilience.hang_window_floor_s=5",
+        "resilience.hang_timeout_s=20",
+        "resilience.pause_timeout_s=100",
     )
     try:
         state = wait_for_run_end(run_dir, job, timeout_s=900)
