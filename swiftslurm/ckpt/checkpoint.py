@@ -233,38 +233,54 @@ def quarantine_newer_than(output_dir: Path, step: int, tag: str) -> list[Path]:
     return moved
 
 
-def prepare_resume(output_dir: Path, tag: str, move: bool, identity: str | None = None) -> ResumePoint:
+def prepare_resume(
+    output_dir: Path, tag: str, move: bool, identity: str | None = None, reclaimed: tuple[Path, ...] | None = None
+) -> ResumePoint:
     """Pick the resume point; with ``move`` (node 0 only) delete what no attempt can use (`reclaim`), then set
-    aside what is newer than it. A resume point committed by another plan than ``identity`` is refused
-    (check_identity) before anything is moved or deleted."""
+    aside what is newer than it. ``reclaimed``: what earlier attempts set aside and this one already deleted
+    (`reclaim_set_aside`, before a restore that may set aside a damaged checkpoint of its own, which must
+    stay). A resume point committed by another plan than ``identity`` is refused (check_identity) before
+    anything is moved or deleted."""
     checkpoint, rejected = newest_committed(output_dir)
     if checkpoint is not None:
         check_identity(read_manifest(checkpoint), identity, str(checkpoint))
     step = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
-    removed = reclaim(output_dir, step) if move else []
+    removed = [*(reclaimed or ()), *reclaim(output_dir, step, set_aside=reclaimed is None)] if move else []
     moved = quarantine_newer_than(output_dir, step, tag) if move else []
     complete = checkpoint is not None and is_last_step(read_manifest(checkpoint))
     return ResumePoint(checkpoint, step, tuple(moved), tuple(rejected), complete, removed=tuple(removed))
 
 
-def reclaim(output_dir: Path, resume_step: int) -> list[Path]:
-    """Delete what no attempt can use again, at an attempt's start while nothing writes ``output_dir``: all that
-    earlier attempts set aside in quarantine/ (never loaded; the attempt records list it), what prunes cut
-    short left in .pruning/, and uncommitted checkpoints older than the resume point with their companions
-    (a commit that failed while training went on, a prune cut short by a swiftslurm before .pruning/).
-    Returns what was deleted."""
-    stale = [entry for folder in (output_dir / QUARANTINE, output_dir / PRUNING) for entry in _entries(folder)]
+def reclaim(output_dir: Path, resume_step: int, set_aside: bool = True) -> list[Path]:
+    """Delete what no attempt can use again, at an attempt's start while nothing writes ``output_dir``: (with
+    ``set_aside``) all that earlier attempts set aside in quarantine/ (never loaded; the attempt records list
+    it) and what prunes cut short left in .pruning/, and uncommitted checkpoints older than the resume point
+    with their companions (a commit that failed while training went on, a prune cut short by a swiftslurm
+    before .pruning/). Returns what was deleted."""
+    stale = reclaim_set_aside(output_dir) if set_aside else []
     for step, path in checkpoint_dirs(output_dir):
         if step < resume_step and not is_committed(path):
             stale.extend((path, *companions(path)))
-    for path in stale:
+    _delete(stale)
+    return stale
+
+
+def reclaim_set_aside(output_dir: Path) -> list[Path]:
+    """Delete all that earlier attempts set aside in quarantine/ and what prunes cut short left in .pruning/;
+    returns what was deleted."""
+    stale = [entry for folder in (output_dir / QUARANTINE, output_dir / PRUNING) for entry in _entries(folder)]
+    _delete(stale)
+    with contextlib.suppress(OSError):
+        (output_dir / PRUNING).rmdir()  # kept while an entry could not be deleted
+    return stale
+
+
+def _delete(paths: list[Path]) -> None:
+    for path in paths:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)  # a kill midway: the rest goes at the next start
         else:
             path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        (output_dir / PRUNING).rmdir()  # kept while an entry could not be deleted
-    return stale
 
 
 def _entries(folder: Path) -> list[Path]:

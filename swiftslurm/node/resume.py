@@ -18,7 +18,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed, prepare_resume
+from swiftslurm.ckpt.checkpoint import (
+    ResumePoint,
+    checkpoint_step,
+    newest_committed,
+    prepare_resume,
+    reclaim_set_aside,
+)
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import NodeError, StorageError, SwiftSlurmError
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
@@ -91,16 +97,18 @@ def _choose(
     ranks: int | None = None,
 ) -> ResumePoint:
     identity = plan.identity()
-    restore_error = None
+    restore_error, reclaimed = None, None
     try:
         if plan.storage is not None:
             _fence(lease, "restore from object storage")
+            # Before the restore, which may set aside a damaged local copy of its own: that one stays.
+            reclaimed = tuple(reclaim_set_aside(plan.output_dir))
             restore_error = _restore(plan, beat, identity, stopped)
         if stopped():  # the last moment to end the attempt before the other nodes start their trainers
             raise Interrupted("a stop signal came before the resume point was published")
         beat.doing("choosing the resume point")
         _fence(lease, "quarantine newer checkpoints")
-        point = prepare_resume(plan.output_dir, tag=attempt_dir.name, move=True, identity=identity)
+        point = prepare_resume(plan.output_dir, attempt_dir.name, move=True, identity=identity, reclaimed=reclaimed)
         if ranks is not None and point.checkpoint is not None and not point.complete:
             _reshard(plan, point.checkpoint, ranks, beat, lease, stopped)
     except Unrestored as why:
