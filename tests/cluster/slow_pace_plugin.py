@@ -10,24 +10,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from swift.callbacks import TrainerCallback, callbacks_map
+from step_floor_plugin import StepFloorCallback  # ms-swift puts a plugin's folder on sys.path
+from swift.callbacks import callbacks_map
 
 STEP_S = 5.0
 SAVE_S = 30.0
 
 
-class SlowPaceCallback(TrainerCallback):
-    def __init__(self, args: Any, trainer: Any) -> None:
-        super().__init__(args, trainer)
-        self._started = time.monotonic()
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self._started = time.monotonic()
-        return control
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        time.sleep(max(0.0, STEP_S - (time.monotonic() - self._started)))
-        return control
+class SlowPaceCallback(StepFloorCallback):
+    floor_s = STEP_S
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         time.sleep(SAVE_S)

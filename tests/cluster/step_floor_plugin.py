@@ -16,6 +16,8 @@ STEP_FLOOR_S = 0.25
 
 
 class StepFloorCallback(TrainerCallback):
+    floor_s = STEP_FLOOR_S
+
     def __init__(self, args: Any, trainer: Any) -> None:
         super().__init__(args, trainer)
         self._started = time.monotonic()
@@ -25,7 +27,7 @@ class StepFloorCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        time.sleep(max(0.0, STEP_FLOOR_S - (time.monotonic() - self._started)))
+        time.sleep(max(0.0, self.floor_s - (time.monotonic() - self._started)))
         return control
 
 
