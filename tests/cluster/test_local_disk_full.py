@@ -36,12 +36,13 @@ def test_a_local_run_whose_saves_fill_a_3_mib_disk_ends_failed_with_every_attemp
     )
     done = subprocess.run([*prefix, "sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
 
-    assert done.returncode not in (0, 99), done.stdout[-3000:] + done.stderr[-3000:]  # a stopped run fails
-    assert "state            failed: disk full: saving " in done.stdout, done.stdout[-3000:]
+    said = done.stdout + done.stderr  # a failed run's summary goes to stderr
+    assert done.returncode not in (0, 99), said[-3000:]  # a stopped run fails
+    assert "state            failed: disk full: saving " in said, said[-3000:]
     status = json.loads((kept / "status.json").read_text())
     assert (status["state"], status["reason"]) == ("failed", "disk_full"), status
     records = [json.loads(line) for line in (kept / "attempts.jsonl").read_text().splitlines()]
-    assert f"({len(records)} attempt(s))" in done.stdout and len(records) >= 2, done.stdout[-3000:]
+    assert f"({len(records)} attempt(s))" in said and len(records) >= 2, said[-3000:]
     decisions = [(r["reason"], r["decision"]) for r in records]
     assert decisions == [("disk_full", "requeue")] * (len(records) - 1) + [("disk_full", "stop")], records
     for before, after in itertools.pairwise(records):
