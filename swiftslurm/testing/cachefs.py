@@ -146,6 +146,11 @@ class CachingPassthrough(Operations):
                 del self._attrs[key]
         return 0
 
+    def link(self, target: str, source: str) -> int:
+        os.link(self._real(source), self._real(target))  # the lease's generations are taken by link(2)
+        self._changed(target, source)
+        return 0
+
     def symlink(self, target: str, source: str) -> int:
         os.symlink(source, self._real(target))
         self._changed(target)

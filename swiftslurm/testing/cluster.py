@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -382,46 +381,3 @@ def slurmctld_stopped() -> Iterator[None]:
 def shared_mounts() -> Path:
     """Where a filesystem mounted now is seen by every node of the local cluster (scripts/slurm-local.sh)."""
     return CLUSTER_STATE / "mnt"
-
-
-SLURM_LOCAL = Path(__file__).resolve().parents[2] / "scripts" / "slurm-local.sh"
-
-
-def node_names() -> list[str]:
-    """The local cluster's compute nodes (node1, node2, ...)."""
-    env = CLUSTER_STATE / "cluster.env"
-    count = next(int(line.split("=")[1]) for line in env.read_text().splitlines() if line.startswith("NNODES="))
-    return [f"node{i}" for i in range(1, count + 1)]
-
-
-def on_node(node: str, *argv: str, **popen: Any) -> subprocess.Popen[bytes]:
-    """Start ``argv`` inside ``node``'s namespaces (its network, hostname and mounts)."""
-    return subprocess.Popen(["bash", str(SLURM_LOCAL), "exec", node, *argv], **popen)
-
-
-@contextlib.contextmanager
-def caching_views(backing: Path, view: Path, ttl_s: float) -> Iterator[Path]:
-    """``view`` on every node is its own caching mount of ``backing`` (swiftslurm.testing.cachefs: listings and
-    attributes up to ``ttl_s`` old, as an NFS client's); on this host it is ``backing`` itself (a bind mount,
-    which the nodes do not receive), so the harness reads the truth."""
-    view.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "--bind", str(backing), str(view)], check=True)
-    mounts = {}
-    try:
-        for node in node_names():
-            argv = (sys.executable, "-m", "swiftslurm.testing.cachefs", str(backing), str(view), f"--ttl={ttl_s}")
-            mounts[node] = on_node(node, *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_until(
-                lambda n=node: on_node(n, "mountpoint", "-q", str(view)).wait() == 0,  # type: ignore[misc]
-                30,
-                f"the caching mount on {node}",
-            )
-        yield view
-    finally:
-        for node, daemon in mounts.items():
-            on_node(node, "fusermount3", "-u", "-z", str(view), stderr=subprocess.DEVNULL).wait()
-            try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        subprocess.run(["umount", "-l", str(view)], check=False)

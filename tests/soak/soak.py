@@ -15,8 +15,6 @@ seed's number modulo the profiles (so consecutive seeds cover them all):
     workers      `dataloader_num_workers=2`: stop signals reach the DataLoader workers too, as SLURM sends them
     slow-commit  every save takes SLOW_SAVE_S more before its commit (slow_save_plugin.py)
     small-disk   the run dir on a tmpfs, shared by every node, that holds a few checkpoints more than kept
-    caching-fs   the run dir seen by each node through its own caching mount (swiftslurm.testing.cachefs):
-                 listings and attributes up to CACHE_TTL_S old, as NFS and Lustre clients cache them
 
 Before each of its attempts trains, the seed's random generator picks what happens to it:
 
@@ -69,7 +67,6 @@ from swiftslurm.testing.checkpoints import ResumeSeen, inspect_resume_point, sav
 from swiftslurm.testing.cluster import (
     alive,
     attempt_ids,
-    caching_views,
     cancel_if_active,
     kill_9,
     logged_step,
@@ -92,8 +89,7 @@ SLOW_SAVE_PLUGIN = Path(__file__).resolve().parent / "slow_save_plugin.py"
 BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")  # jobs reach the host only there
 BUCKET = "soak"
 
-PROFILES = ("plain", "storage", "workers", "slow-commit", "small-disk", "caching-fs")
-CACHE_TTL_S = 20.0  # how stale a node's view of the caching-fs run dir may be (NFS: acdirmin 30 s by default)
+PROFILES = ("plain", "storage", "workers", "slow-commit", "small-disk")
 COMMON = {"kill": 0.25, "kill-other": 0.15, "kill-save": 0.20, "signal": 0.25, "ctld-stop": 0.15}
 EXTRA = {"storage": {"s3-restore": 0.30, "s3-upload": 0.30}, "small-disk": {"disk-full": 0.35}}
 FILE = "adapter_model.safetensors"  # the weights compared with the uninterrupted run's
@@ -192,11 +188,6 @@ def setting_for(
     elif profile == "small-disk":
         with small_disk(seed, mib=max(64, int(checkpoint_mib * (KEEP + 4)) + 48)) as disk:
             yield Setting(disk=disk)
-    elif profile == "caching-fs":
-        backing = root / f"seed-{seed}-backing"
-        backing.mkdir(parents=True)
-        with caching_views(backing, root / f"seed-{seed}-view", CACHE_TTL_S) as view:
-            yield Setting(disk=view)
     elif profile == "slow-commit":
         yield Setting((f"swift.external_plugins=[{SLOW_SAVE_PLUGIN}]", "swift.callbacks=[slow_save]"))
     else:
