@@ -13,15 +13,9 @@ from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import ConfigError
 from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
 from tests.conftest import FIXED_CACHE, FIXED_PYTHON, compose_config, plan_for
+from tests.unit.test_megatron_engine import MEGATRON as MEGATRON_PLAN
 
-MEGATRON = (
-    "+cluster=h200x2",
-    "model=qwen3-8b",
-    "dataset=[AI-ModelScope/alpaca-gpt4-data-en]",
-    "task=megatron_sft",
-    "strategy=megatron",
-    "swift.train_iters=100",
-)
+MEGATRON = (*MEGATRON_PLAN, "swift.train_iters=100")
 
 
 def warnings_for(*overrides: str) -> list[str]:
