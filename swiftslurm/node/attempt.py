@@ -175,8 +175,15 @@ def _prepare(a: Attempt) -> Phase:
         raise
     if a.plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
         build_tiny_assets(Path(a.plan.tiny_cache))
-    if a.leader and (why := _lead(a)) is not None:
-        return _stopped(a, why)
+    if a.leader:
+        try:
+            why = _lead(a)
+        except NodeError as err:  # the run dir cannot fence a leader (no hard links): it must say why
+            record_refusal(a.run_dir, a.where, a.id, str(err))
+            publish_failure(resume_file(a.run_dir, a.id), str(err), a.nonce)
+            raise
+        if why is not None:
+            return _stopped(a, why)
     if a.leader and (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id, a.lease)) is not None:
         return _stopped(a, why)
     # Once per job, not after a requeue: every node must take the same branch, and SLURM's restart count is

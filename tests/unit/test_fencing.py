@@ -22,7 +22,18 @@ from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt, watch
 from swiftslurm.plan import JobPlan, StorageSpec
 from swiftslurm.rundir import jsonio, lease
-from swiftslurm.rundir.layout import ATTEMPTS, OUTCOME, STATUS, SYNC_STATE, attempt_dir, lease_dir, output_dir
+from swiftslurm.rundir.layout import (
+    ATTEMPTS,
+    OUTCOME,
+    STATUS,
+    SYNC_STATE,
+    attempt_dir,
+    lease_dir,
+    output_dir,
+    plan_file,
+    resume_file,
+)
+from swiftslurm.rundir.records import read_attempts
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.storage.store import UploadResult
 from swiftslurm.storage.sync import NodeSync
@@ -264,3 +275,28 @@ def test_node_sync_of_a_job_that_lost_the_lease_submits_nothing_and_leaves_sync_
     assert sync.uploader.pending() == []
     sync.stop()
     assert store.uploaded == []
+
+
+def test_a_leader_that_cannot_take_the_lease_says_why_in_the_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run dir on a filesystem without hard links cannot fence its leader: the run stops, and its run dir
+    says why (the soak's first FUSE passthrough had no link: the job failed with status.json still unwritten)."""
+
+    def no_links(*_: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan: JobPlan = replace(plan_for(f"run_dir={run_dir}", "swift.max_steps=20"), tiny_cache=None)
+    plan_file(run_dir).write_text(plan.to_json())  # written at submission
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(watch, "Trainer", lambda *_: pytest.fail("no trainer without the lease"))
+    with pytest.raises(NodeError, match="cannot take the lease"):
+        attempt.run(run_dir, plan, SlurmEnv.local({}))
+    status = jsonio.read_json(run_dir / STATUS)
+    assert status is not None and status["state"] == "failed" and "cannot take the lease" in status["why"], status
+    [row] = read_attempts(run_dir)
+    assert row.decision == "stop" and "HINT: put run_dir on a filesystem with hard links" in row.why, row
+    told = jsonio.read_json(resume_file(run_dir, attempt.attempt_id(SlurmEnv.local({}))))
+    assert told is not None and "cannot take the lease" in told.get("error", ""), told  # the other nodes stop
