@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -226,11 +227,18 @@ def quarantine_newer_than(output_dir: Path, step: int, tag: str) -> list[Path]:
     for found_step, path in checkpoint_dirs(output_dir):
         if found_step > step:
             for folder in (path, *companions(path)):
-                target = output_dir / QUARANTINE / f"{folder.name}.{tag}"
+                target = _unused(output_dir / QUARANTINE / f"{folder.name}.{tag}")
                 target.parent.mkdir(exist_ok=True)
                 os.replace(folder, target)
                 moved.append(target)
     return moved
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-1``, ``path-2``, ... if taken: one attempt may set aside the same step twice (the
+    unfinished save it found at its start, then its own that did not fit on the disk)."""
+    candidates = (path.with_name(f"{path.name}-{n}") if n else path for n in itertools.count())
+    return next(candidate for candidate in candidates if not candidate.exists())
 
 
 def prepare_resume(

@@ -17,7 +17,7 @@ import pytest
 from swiftslurm.ckpt import checkpoint as ck
 from swiftslurm.node import attempt, watch
 from swiftslurm.rundir import reserve
-from swiftslurm.rundir.layout import output_dir, reserve_file
+from swiftslurm.rundir.layout import QUARANTINE, output_dir, reserve_file
 from swiftslurm.rundir.records import read_attempts, read_status
 from swiftslurm.slurm_env import SlurmEnv
 from tests.conftest import plan_for
@@ -167,3 +167,16 @@ def test_a_save_that_fills_the_disk_is_set_aside_named_with_the_space_and_requeu
     assert (read_status(run_dir) or {})["state"] == "failed"
     assert FillsTheDisk.runs == [{"reserve": reserve.RESERVE_BYTES}] * 2  # held while each trainer ran
     assert not reserve_file(run_dir, 0).exists()  # freed for the records
+
+
+def test_a_step_set_aside_twice_in_one_attempt_keeps_both(tmp_path: Path) -> None:
+    """An attempt sets aside the unfinished checkpoint-50 it found at its start, trains, and sets aside its own
+    unfinished checkpoint-50 when the disk fills: the second must not collide with the first (it did, with
+    `Directory not empty`, and the attempt ended without a record; seen in the soak, seed 20261209)."""
+    output = tmp_path / "output"
+    for _ in range(2):
+        (output / "checkpoint-50").mkdir(parents=True)
+        (output / "checkpoint-50" / "adapter_model.safetensors").write_bytes(b"half")
+        [moved] = ck.quarantine_newer_than(output, 40, "93.i2")
+        assert moved.is_dir() and (moved / "adapter_model.safetensors").read_bytes() == b"half"
+    assert sorted(p.name for p in (output / QUARANTINE).iterdir()) == ["checkpoint-50.93.i2", "checkpoint-50.93.i2-1"]
