@@ -49,6 +49,7 @@ from swiftslurm.node.conclude import (
     record_refusal,
     record_requeue_failure,
     record_uploads,
+    record_wrapper_failure,
     stop_after_preflight,
 )
 from swiftslurm.node.deadline import KILL_MARGIN_S
@@ -323,7 +324,12 @@ def _conclude(a: Attempt) -> Phase:
     here = attempt_dir(a.run_dir, a.id)
     with LeaderBeat(here / LEADER_BEAT).running() as beat:  # the others wait for the outcome meanwhile
         beat.doing("concluding the attempt")
-        a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts, a.entered)
+        try:
+            a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts, a.entered)
+        except Exception as err:  # the run dir must still say how the attempt ended, and the others end too
+            record_wrapper_failure(a.run_dir, a.where, a.id, err)
+            outcome.publish(here, outcome.Outcome(outcome.END, None), a.nonce)
+            raise
     restart = a.decision.action is decide.Action.RESTART
     next_attempt = attempt_id(a.where, a.restarts + 1, a.retry) if restart else None
     outcome.publish(here, outcome.Outcome(a.decision.action.value if restart else outcome.END, next_attempt), a.nonce)

@@ -180,3 +180,27 @@ def test_a_step_set_aside_twice_in_one_attempt_keeps_both(tmp_path: Path) -> Non
         [moved] = ck.quarantine_newer_than(output, 40, "93.i2")
         assert moved.is_dir() and (moved / "adapter_model.safetensors").read_bytes() == b"half"
     assert sorted(p.name for p in (output / QUARANTINE).iterdir()) == ["checkpoint-50.93.i2", "checkpoint-50.93.i2-1"]
+
+
+def test_an_attempt_whose_concluding_fails_still_leaves_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full_disk: Callable[[int], None]
+) -> None:
+    """Whatever breaks while node 0 concludes (a bug, a filesystem error), the run dir says how the attempt
+    ended: before, the wrapper's exception left no row and status.json at the last phase it reached."""
+    run_dir = tmp_path / "run"
+    plan = replace(plan_for(f"run_dir={run_dir}", "swift.max_steps=40", "swift.save_steps=10"), tiny_cache=None)
+    checkpoint(plan.output_dir, 10, size=3000)
+    FillsTheDisk.runs = []
+    monkeypatch.setattr(watch, "Trainer", FillsTheDisk)
+    full_disk(100)
+
+    def broken(*_: object) -> None:
+        raise OSError(errno.ENOTEMPTY, "Directory not empty")
+
+    monkeypatch.setattr(attempt, "conclude", broken)
+    with pytest.raises(OSError, match="Directory not empty"):
+        attempt.run(run_dir, plan, SlurmEnv.from_environ({}))
+    [row] = read_attempts(run_dir)
+    assert (row.reason, row.decision) == ("infra", "stop") and "Directory not empty" in row.why, row
+    status = read_status(run_dir) or {}
+    assert status["state"] == "failed" and "failed while concluding" in status["why"], status
