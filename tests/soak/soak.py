@@ -43,7 +43,9 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -512,6 +514,8 @@ def main() -> None:
         "--out", type=Path, default=None, help="the results file (default: bench/results/soak-DATE.json)"
     )
     args = parser.parse_args()
+    # A TERM (a timeout, a Ctrl-C's TERM) unwinds like an exception: a frozen slurmctld is thawed, a proxy stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.smoke:
         args.trials, args.steps = 3, 40
     stamp = datetime.now().strftime("%Y-%m-%d-%H%M")
