@@ -26,6 +26,9 @@
 #   SWIFTSLURM_SLURM_MEM_MB  RealMemory each node advertises (MB)         [8192]
 #   SWIFTSLURM_SLURM_GRACE   GraceTime (s) of a preempted `debug` job     [30]
 #   SWIFTSLURM_SLURM_DB_PORT loopback TCP port of the private MariaDB     [13306]
+#   SWIFTSLURM_SLURM_GROUPS  node groups G: besides debug/urgent on every node, partitions
+#                            debugK/urgentK (K = 1..G) on the K-th NODES/G nodes, so G test
+#                            processes can run side by side without sharing a node     [1]
 set -euo pipefail
 
 STATE=${SWIFTSLURM_SLURM_STATE:-/tmp/swiftslurm-slurm}
@@ -36,6 +39,7 @@ NODE_CPUS=${SWIFTSLURM_SLURM_CPUS:-$(nproc)}
 NODE_MEM_MB=${SWIFTSLURM_SLURM_MEM_MB:-8192}
 GRACE=${SWIFTSLURM_SLURM_GRACE:-30}
 DB_PORT=${SWIFTSLURM_SLURM_DB_PORT:-13306}
+GROUPS_=${SWIFTSLURM_SLURM_GROUPS:-1}
 
 CLUSTER=swiftslurm
 BRIDGE_IP=$SUBNET.1
@@ -60,6 +64,9 @@ node_ip() { echo "$SUBNET.$((10 + ${1#node}))"; }
 validate_settings() {
   if ! [[ $NNODES =~ ^[0-9]+$ ]] || ((NNODES < 2 || NNODES > 200)); then
     die "SWIFTSLURM_SLURM_NODES must be an integer >= 2 (got '$NNODES')"
+  fi
+  if ! [[ $GROUPS_ =~ ^[0-9]+$ ]] || ((GROUPS_ < 1 || NNODES % GROUPS_ != 0 || NNODES / GROUPS_ < 2)); then
+    die "SWIFTSLURM_SLURM_GROUPS must divide SWIFTSLURM_SLURM_NODES into groups of >= 2 (got '$GROUPS_')"
   fi
   [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
     die "SWIFTSLURM_SLURM_SUBNET must be three octets like 10.77.0 (got '$SUBNET')"
@@ -324,6 +331,14 @@ EOF
 PartitionName=debug Nodes=ALL Default=YES PriorityTier=1 MaxTime=INFINITE State=UP GraceTime=$GRACE
 PartitionName=urgent Nodes=ALL PriorityTier=10 MaxTime=INFINITE State=UP PreemptMode=OFF
 EOF
+  if ((GROUPS_ > 1)); then
+    local k size=$((NNODES / GROUPS_)) nodes
+    for ((k = 1; k <= GROUPS_; k++)); do
+      nodes="node[$(((k - 1) * size + 1))-$((k * size))]"
+      echo "PartitionName=debug$k Nodes=$nodes PriorityTier=1 MaxTime=INFINITE State=UP GraceTime=$GRACE"
+      echo "PartitionName=urgent$k Nodes=$nodes PriorityTier=10 MaxTime=INFINITE State=UP PreemptMode=OFF"
+    done
+  fi
 }
 
 write_slurmdbd_conf() {

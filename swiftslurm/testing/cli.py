@@ -8,10 +8,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from swiftslurm.testing.node_group import with_partition
+
 
 def command(*args: str) -> list[str]:
-    """The argv of `python -m swiftslurm ARGS` with this interpreter (for Popen)."""
-    return [sys.executable, "-m", "swiftslurm", *args]
+    """The argv of `python -m swiftslurm ARGS` with this interpreter (for Popen); a run on the local cluster
+    goes to this test process's nodes (`node_group`)."""
+    return [sys.executable, "-m", "swiftslurm", *with_partition(args)]
 
 
 def swiftslurm(

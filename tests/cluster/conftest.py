@@ -9,12 +9,21 @@ import subprocess
 import pytest
 
 from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.node_group import NODE_GROUP_ENV, group_nodes, node_group, partition
 from tests.conftest import REPO
 
 LONG = ("swift.max_steps=120", "swift.save_steps=50")  # the run whose final adapter the resume tests compare
 ADAPTER = "output/checkpoint-120/adapter_model.safetensors"
 # The host side of scripts/slurm-local.sh's bridge: the nodes' network namespaces reach the host only there.
 BRIDGE = os.environ.get("SWIFTSLURM_BRIDGE_IP", "10.77.0.1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n G`, scripts/test.sh), worker gwK uses node group K+1 of a cluster started with
+    SWIFTSLURM_SLURM_GROUPS=G: its jobs never share a node with another worker's (swiftslurm/testing/node_group.py)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and NODE_GROUP_ENV not in os.environ:
+        os.environ[NODE_GROUP_ENV] = str(int(worker.removeprefix("gw")) + 1)
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +38,11 @@ def slurm_cluster() -> None:
         if os.environ.get("SWIFTSLURM_REQUIRE_SLURM") == "1":
             pytest.fail("the local SLURM cluster is not up: bash scripts/slurm-local.sh up")
         pytest.skip("no local SLURM cluster (bash scripts/slurm-local.sh up)")
+    if node_group() and len(group_nodes()) < 3:
+        pytest.fail(
+            f"node group {node_group()} has no partition {partition()} of 3 nodes or more: start the cluster with "
+            "SWIFTSLURM_SLURM_NODES=3G SWIFTSLURM_SLURM_GROUPS=G for `pytest -n G` (scripts/test.sh does)"
+        )
 
 
 @pytest.fixture(scope="session")

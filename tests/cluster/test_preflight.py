@@ -17,6 +17,7 @@ import pytest
 
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts, status
+from swiftslurm.testing.node_group import group_nodes
 from swiftslurm.testing.nodes import slurmd_pid
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -61,7 +62,7 @@ def master_ports_blocked(first: int, last: int) -> Iterator[None]:
     fails with EACCES, as behind a firewall that rejects): a node reaches its own master port over its loopback
     routes (looked up before the rule), every other node cannot."""
     rule = ["ip", "rule", "add", "ipproto", "tcp", "dport", f"{first}-{last}", "prohibit"]
-    namespaces = sorted(p for p in Path("/run/netns").glob("sslurm-node*"))
+    namespaces = [Path(f"/run/netns/sslurm-{node}") for node in group_nodes()]
     added = []
     try:
         for ns in namespaces:
@@ -123,17 +124,18 @@ def test_preflight_fails_when_a_node_cannot_reach_the_master_port(tmp_path: Path
 
 
 def test_preflight_fails_when_a_node_cannot_see_the_run_dir(tmp_path: Path, slurm_cluster: None) -> None:
-    run_dir = prepare(tmp_path, "cluster.exclude=node2")  # the job runs on node1 (node 0) and node3
-    with hidden_from("node3", run_dir):
+    first, skipped, blind = group_nodes()[:3]
+    run_dir = prepare(tmp_path, f"cluster.exclude={skipped}")  # the job runs on `first` (node 0) and `blind`
+    with hidden_from(blind, run_dir):
         done = preflight(run_dir)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"node3: cannot read {run_dir}/plan.json (No such file or directory): the run dir is not visible" in (
+    assert f"{blind}: cannot read {run_dir}/plan.json (No such file or directory): the run dir is not visible" in (
         done.stdout
     )
     assert "HINT: put run_dir on a filesystem every node mounts" in done.stdout
     found = failures(report(run_dir))
-    assert {h for h, _ in found} == {"node3"}
-    assert any(d.startswith("node1 cannot see ") and "written by node3" in d for _, d in found)  # and vice versa
+    assert {h for h, _ in found} == {blind}
+    assert any(d.startswith(f"{first} cannot see ") and f"written by {blind}" in d for _, d in found)  # both ways
 
 
 def test_preflight_as_first_step_stops_the_run_without_training(tmp_path: Path, slurm_cluster: None) -> None:

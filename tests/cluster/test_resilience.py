@@ -25,6 +25,7 @@ from swiftslurm.testing.cluster import (
     wait_for_job,
     wait_until,
 )
+from swiftslurm.testing.node_group import partition
 from tests.cluster.conftest import ADAPTER, LONG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -77,7 +78,7 @@ def test_real_preemption_by_a_higher_priority_job(tmp_path: Path, slurm_cluster:
     job = submit(run_dir, "swift.max_steps=150", "swift.save_steps=50")
     wait_until(lambda: current_step(run_dir) >= 25, 300, "training to start")
     urgent = subprocess.run(
-        ["sbatch", "--parsable", "-p", "urgent", "-N3", "--exclusive", "--wrap", "sleep 3"],
+        ["sbatch", "--parsable", "-p", partition("urgent"), "-N3", "--exclusive", "--wrap", "sleep 3"],
         capture_output=True,
         text=True,
         check=True,

@@ -15,7 +15,7 @@ from swiftslurm.testing.s3 import SeaweedServer, use_test_credentials
 from tests.cluster.conftest import BRIDGE, LONG
 from tests.soak import soak
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.whole_cluster]  # slurmctld frozen
 S3_HOST = BRIDGE  # the jobs reach the host only on the bridge
 BUCKET = soak.BUCKET
 SEED = next(s for s in itertools.count(20261201) if soak.profile_of(s) == "storage")

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from itertools import pairwise
@@ -483,15 +483,20 @@ def object_store(seeds: list[int]) -> Iterator[SeaweedServer | None]:
         yield store
 
 
-def campaign(seeds: list[int], trials: int, steps: int, root: Path) -> list[SeedResult]:
+def campaign(
+    seeds: list[int], trials: int, steps: int, root: Path, done: Callable[[list[SeedResult]], None] = lambda _: None
+) -> list[SeedResult]:
+    """Soak each seed in turn; ``done`` gets the results so far after each seed (a campaign of hours that is
+    stopped keeps what it judged)."""
     references: dict[tuple[str, ...], bytes] = {}
-    results = []
+    results: list[SeedResult] = []
     with object_store(seeds) as store:
         for seed in seeds:
             extra = training_overrides(profile_of(seed))
             if extra not in references:
                 references[extra] = uninterrupted(root, steps, extra)
             results.append(soak_one(seed, root, steps, trials, references[extra], store, _checkpoint_mib(root)))
+            done(results)
     return results
 
 
@@ -520,15 +525,14 @@ def main() -> None:
         args.trials, args.steps = 3, 40
     stamp = datetime.now().strftime("%Y-%m-%d-%H%M")
     root = args.run_root or Path(f"/tmp/soak-{stamp}")
-    results = campaign(seeds_from(args.seeds), args.trials, args.steps, root)
-    text = report(results)
-    print(text)
     out = args.out or REPO / "bench" / "results" / f"soak-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "seeds": [asdict(r) for r in results]}, indent=1
-        )
-    )
+
+    def write(results: list[SeedResult]) -> None:
+        shown = {k: str(v) for k, v in vars(args).items()}
+        out.write_text(json.dumps({"args": shown, "seeds": [asdict(r) for r in results]}, indent=1))
+
+    results = campaign(seeds_from(args.seeds), args.trials, args.steps, root, write)
+    print(report(results))
     print(f"details: {out}")
     failed = sum(bool(r.divergences or r.corrupt) for r in results)
     raise SystemExit(1 if failed else 0)
