@@ -306,10 +306,11 @@ def describe(record: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- training processes
 
 
-def training_workers(run_dir: Path) -> list[tuple[int, int]]:
-    """(rank, PID) of the run's ms-swift training processes, rank 0 first. torchrun's command line names
-    sft.py too, so only a process running sft.py as its script counts; a DataLoader worker forked from a rank
-    has the rank's command line and environment, so a match whose parent matched too is not a rank."""
+def training_workers(run_dir: Path, started_after: float = 0.0) -> list[tuple[int, int]]:
+    """(rank, PID) of the run's ms-swift training processes started after ``started_after`` (epoch seconds),
+    rank 0 first. torchrun's command line names sft.py too, so only a process running sft.py as its script
+    counts; a DataLoader worker forked from a rank has the rank's command line and environment, so a match whose
+    parent matched too is not a rank."""
     output = str(run_dir / "output")
     found: dict[int, tuple[int, int]] = {}  # PID -> (rank, parent PID)
     for entry in Path("/proc").iterdir():
@@ -319,18 +320,34 @@ def training_workers(run_dir: Path) -> list[tuple[int, int]]:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             if not any(arg.endswith("swift/cli/sft.py") for arg in argv[1:3]) or output not in argv:
                 continue
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if _started_at(stat) < started_after:
+                continue
             env = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
             rank = next((int(v.split("=", 1)[1]) for v in env if v.startswith("RANK=")), -1)
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            found[int(entry.name)] = (rank, parent)
+            found[int(entry.name)] = (rank, int(stat[1]))
     return sorted((rank, pid) for pid, (rank, parent) in found.items() if parent not in found)
 
 
+def _started_at(stat_after_name: list[str]) -> float:
+    """A process's start as epoch seconds, from the fields of /proc/PID/stat after its name (field 22: clock
+    ticks since boot)."""
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + int(stat_after_name[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def previous_attempt_end(run_dir: Path, attempt: str) -> float:
+    """When the newest recorded attempt other than ``attempt`` ended (epoch seconds; 0 if none has)."""
+    return max((float(r.get("end") or 0) for r in attempts(run_dir) if r.get("attempt") != attempt), default=0.0)
+
+
 def workers_of(run_dir: Path, attempt: str, count: int = 2) -> list[int]:
-    """PIDs of the attempt's ``count`` training workers, rank 0 first; [] if the attempt ended first."""
+    """PIDs of the attempt's ``count`` training workers, rank 0 first; [] if the attempt ended first. A worker of
+    an earlier attempt still exiting is not one: only processes started after that attempt's end count."""
+    since = previous_attempt_end(run_dir, attempt)
 
     def found() -> list[int] | str | None:
-        pids = [pid for _, pid in training_workers(run_dir)]
+        pids = [pid for _, pid in training_workers(run_dir, since)]
         return pids if len(pids) == count else "ended" if attempt in recorded_attempts(run_dir) else None
 
     pids = wait_until(found, 60, f"the training workers of {attempt}")

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from swiftslurm.testing.cluster import RunEnd, RunOver, TimedOut, next_attempt, run_over, wait_until
+from swiftslurm.testing.cluster import (
+    RunEnd,
+    RunOver,
+    TimedOut,
+    _started_at,
+    next_attempt,
+    previous_attempt_end,
+    run_over,
+    wait_until,
+)
 from tests.unit.test_layout import module_graph
 
 
@@ -79,3 +88,19 @@ def test_the_product_never_imports_the_harness() -> None:
     graph = module_graph()
     product = [m for m in graph if not m.startswith("swiftslurm.testing")]
     assert sorted((m, o) for m in product for o in graph[m] if o.startswith("swiftslurm.testing")) == []
+
+
+def test_a_process_start_is_read_from_proc_as_epoch_seconds() -> None:
+    """The soak tells a new attempt's workers from an earlier attempt's still exiting by when they started."""
+    stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    assert 0 <= time.time() - _started_at(stat) < 3600  # this test process started moments ago
+
+
+def test_the_previous_attempt_ends_at_the_newest_other_record(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, "running")
+    rows = [{"attempt": "4", "end": 100.0}, {"attempt": "4.i1", "end": 250.5}]
+    (run_dir / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert previous_attempt_end(run_dir, "4.i2") == 250.5
+    assert previous_attempt_end(run_dir, "4.i1") == 100.0  # its own record (written once it ended) is not earlier
+    (tmp_path / "new").mkdir()
+    assert previous_attempt_end(fake_run(tmp_path / "new", "running"), "1") == 0.0
