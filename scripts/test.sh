@@ -80,6 +80,8 @@ cluster_pid=
 # The SLURM tests must run here, not skip: fail if the cluster is unreachable. Most of their time is waiting (for
 # SLURM, signals, time limits, steps held at a pace), so two processes side by side, each on its own nodes, take
 # little more than half the time of one; the tests that freeze slurmctld run after them, alone.
-export SWIFTSLURM_REQUIRE_SLURM=1
+# What both phases train the same way (the uninterrupted reference run) is trained once: tests/cluster/conftest.py.
+export SWIFTSLURM_REQUIRE_SLURM=1 SWIFTSLURM_TEST_SHARED=$logs/shared
+mkdir -p "$SWIFTSLURM_TEST_SHARED"
 tier cluster "$CLUSTER_BUDGET_S" tests/cluster -n "$CLUSTER_PROCESSES" --dist worksteal -m "not whole_cluster" "$@"
 tier cluster-alone "$CLUSTER_ALONE_BUDGET_S" tests/cluster -m whole_cluster "$@"
