@@ -467,8 +467,33 @@ def report(results: list[SeedResult]) -> str:
     trials = sum(len(r.trials) for r in results)
     divergences = sum(bool(r.divergences) for r in results)
     corrupt = sum(len(r.corrupt) for r in results)
-    lines.append(f"\ntrials {trials}, seeds {len(results)}, divergences {divergences}, corrupt {corrupt}")
+    broken = Counter(kind for r in results for kind in {promise_broken(d) for d in r.divergences})
+    lines.append("\n" + ", ".join(f"{kind} {broken[kind]}" for kind in PROMISES) + " (runs)")
+    lines.append(f"trials {trials}, seeds {len(results)}, divergences {divergences}, corrupt {corrupt}")
     return "\n".join(lines)
+
+
+# What the judge's findings break, in the words of the promise; counted per run by `report`.
+PROMISES = (
+    "called finished without the last step committed",
+    "lost committed steps",
+    "ended without a record",
+    "not finished",
+    "diverged from the uninterrupted run",
+)
+
+
+def promise_broken(finding: str) -> str:
+    """Which promise one of `judge`'s findings breaks."""
+    if finding.startswith("called finished"):
+        return PROMISES[0]
+    if " resumed from " in finding:
+        return PROMISES[1]
+    if finding.startswith("attempts without a record"):
+        return PROMISES[2]
+    if finding.startswith("ended "):
+        return PROMISES[3]
+    return PROMISES[4]  # checkpoints past the last step, final weights that differ
 
 
 @contextlib.contextmanager
@@ -508,6 +533,12 @@ def _checkpoint_mib(root: Path) -> float:
     return sum(p.stat().st_size for p in final.rglob("*") if p.is_file()) / (1 << 20)
 
 
+def load_results(path: Path) -> list[SeedResult]:
+    """The seeds of a results file that a campaign wrote (several campaigns' files make one table)."""
+    seeds = json.loads(path.read_text())["seeds"]
+    return [SeedResult(**{**s, "trials": [Trial(**t) for t in s["trials"]]}) for s in seeds]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="20261201-20261220", help="N or FIRST-LAST")
@@ -518,7 +549,13 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="the results file (default: bench/results/soak-DATE.json)"
     )
+    parser.add_argument(
+        "--report", type=Path, nargs="+", default=None, help="print the tables of these results files, run nothing"
+    )
     args = parser.parse_args()
+    if args.report:
+        print(report([r for path in args.report for r in load_results(path)]))
+        return
     # A TERM (a timeout, a Ctrl-C's TERM) unwinds like an exception: a frozen slurmctld is thawed, a proxy stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.smoke:
