@@ -96,6 +96,7 @@ COMMON = {"kill": 0.25, "kill-other": 0.15, "kill-save": 0.20, "signal": 0.25, "
 EXTRA = {"storage": {"s3-restore": 0.30, "s3-upload": 0.30}, "small-disk": {"disk-full": 0.35}}
 FILE = "adapter_model.safetensors"  # the weights compared with the uninterrupted run's
 SAVE_POLL_S = 0.02
+STOP_SIGNAL_LINE = "[swiftslurm] stop signal: "  # the wrapper's word that a stop signal reached it
 KEEP = 3
 
 
@@ -274,7 +275,12 @@ def act(
     elif trial.action == "signal":
         preempt(job)
     elif trial.action == "ctld-stop":
-        preempt(job)  # the controller freezes once scancel has its answer, before the save ends
+        # scancel has its answer before slurmctld passes the signal on: freeze it once the wrapper has the
+        # signal (the requeue that follows the save then falls due while it cannot answer), not before.
+        seen = stop_signals_logged(run_dir)
+        preempt(job)
+        if not wait_for(lambda: stop_signals_logged(run_dir) > seen, 10):
+            trial.note = "the stop signal had not reached the wrapper in 10 s"
         with slurmctld_stopped():
             time.sleep(rng.uniform(20, 40))
     elif trial.action == "s3-restore":
@@ -282,6 +288,20 @@ def act(
         setting.proxy.go_down()
         kill_9(pids)
         _come_back_later(setting.proxy, run_dir, trial.attempt, rng.uniform(10, 40))
+
+
+def stop_signals_logged(run_dir: Path) -> int:
+    """How many stop signals the run's wrappers have said they received (their submitit logs)."""
+    logs = (run_dir / "submitit").glob("*_log.out")
+    return sum(log.read_text(errors="replace").count(STOP_SIGNAL_LINE) for log in logs)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``condition`` came true within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (met := condition()) and time.monotonic() < deadline:
+        time.sleep(SAVE_POLL_S)
+    return met
 
 
 def _wait_for_save(output: Path, above: int, pids: list[int]) -> Path | None:
