@@ -30,4 +30,7 @@ for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
     builder.load(verbose=False)
 PY
 pip install -q -c constraints.txt -e '.[dev]'
+# matplotlib builds its font cache on first use, asking fc-list for the system's fonts: build it here, so that the
+# first plot (a unit test's, whose guard refuses child processes) finds it made.
+"$VENV/bin/python" -c 'import matplotlib.font_manager'
 "$VENV/bin/python" -c 'import torch, swift, deepspeed, submitit, hydra, boto3; print("setup ok: torch", torch.__version__)'
