@@ -107,8 +107,8 @@ class Trainer:
         if (code := self.poll()) is not None:
             return code
         left = kill_until_gone(self._tree, lambda: self.proc.poll() is not None, self.tree_exit_s)
-        if left:
-            self.leftovers = tuple(describe(pid) for pid in left)
+        if self.poll() is None:  # past the bound, the keeper still waits for them (or, with none left, exits just now)
+            self.leftovers = tuple(describe(pid) for pid in left or [self.pid])
             print(f"[swiftslurm] {leftovers_line(self.leftovers, self.tree_exit_s)}", flush=True)
             self._ended(-signal.SIGKILL if (exited := self.command_exit) is None else exited)
         code = self.poll()

@@ -21,35 +21,31 @@ from swiftslurm.signals import descendants, living
 from swiftslurm.testing import stallfs
 
 # A stand-in for `swift` -> torchrun -> a rank in a session of its own; each writes its pid to OUT/NAME.pid. The
-# rank reads the file named in argv[2] (the stalled one), or sleeps; torchrun and swift exit at once with "exit".
+# rank reads the stalled file, in its main thread ("read") or in another one ("read-in-a-thread": a checkpoint
+# writer thread), or sleeps; torchrun and swift exit at once with "exit".
 SPAWN = """
-import os, subprocess, sys, time
+import os, subprocess, sys, threading, time
 out, name, then = sys.argv[1], sys.argv[2], sys.argv[3:]
 open(os.path.join(out, name + ".pid"), "w").write(str(os.getpid()))
 """
-RANK = (
-    SPAWN
-    + """
-if then[0] == "read":
+RANK = f"""{SPAWN}
+def read():
     open(then[1], "rb").read()
     open(os.path.join(out, "rank.answered"), "w").close()
+if then[0] == "read":
+    read()
+elif then[0] == "read-in-a-thread":
+    threading.Thread(target=read).start()
 time.sleep(600)
 """
-)
-TORCHRUN = (
-    SPAWN
-    + f"""
+TORCHRUN = f"""{SPAWN}
 subprocess.Popen([sys.executable, "-c", {RANK!r}, out, "rank", *then[1:]], start_new_session=True)
 sys.exit(3) if then[0] == "exit" else time.sleep(600)
 """
-)
-SWIFT = (
-    SPAWN
-    + f"""
+SWIFT = f"""{SPAWN}
 torchrun = subprocess.Popen([sys.executable, "-c", {TORCHRUN!r}, out, "torchrun", *then])
 sys.exit(torchrun.wait()) if then[0] == "exit" else time.sleep(600)
 """
-)
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -79,11 +75,12 @@ def start(out: Path, *then: str, tree_exit_s: float = 600.0) -> Trainer:
     return Trainer(argv, {}, out / "node0.log", cwd=out, tree_exit_s=tree_exit_s)
 
 
+@pytest.mark.parametrize("reading", ["read", "read-in-a-thread"])
 def test_kill_returns_only_once_a_rank_blocked_in_a_file_system_call_has_exited(
-    tmp_path: Path, stalled: tuple[Path, Path]
+    tmp_path: Path, stalled: tuple[Path, Path], reading: str
 ) -> None:
     stalled_file, control = stalled
-    trainer = start(tmp_path, "run", "read", str(stalled_file))
+    trainer = start(tmp_path, "run", reading, str(stalled_file))
     try:
         wait_for(lambda: stallfs.reading(control), "the rank's read to reach the server")
         swift, torchrun, rank = (pid_of(tmp_path, name) for name in ("swift", "torchrun", "rank"))
@@ -111,11 +108,12 @@ def test_kill_returns_only_once_a_rank_blocked_in_a_file_system_call_has_exited(
         trainer.kill()
 
 
+@pytest.mark.parametrize("reading", ["read", "read-in-a-thread"])
 def test_a_rank_that_outlives_the_bound_is_named_and_the_trainer_counts_as_ended(
-    tmp_path: Path, stalled: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, stalled: tuple[Path, Path], capsys: pytest.CaptureFixture[str], reading: str
 ) -> None:
     stalled_file, control = stalled
-    trainer = start(tmp_path, "run", "read", str(stalled_file), tree_exit_s=0.5)
+    trainer = start(tmp_path, "run", reading, str(stalled_file), tree_exit_s=0.5)
     try:
         wait_for(lambda: stallfs.reading(control), "the rank's read to reach the server")
         rank = pid_of(tmp_path, "rank")
@@ -124,6 +122,7 @@ def test_a_rank_that_outlives_the_bound_is_named_and_the_trainer_counts_as_ended
         assert living([rank]) == [rank]  # still in its read: the bound, not the rank, ended the wait
         [left] = trainer.leftovers
         assert left.startswith(f"{rank} ") and "uninterruptible" in left, left
+        assert ("exited but for its thread" in left) is (reading == "read-in-a-thread"), left
         logged = capsys.readouterr().out
         assert "[swiftslurm] 1 of the trainer's processes still there" in logged and left in logged, logged
     finally:

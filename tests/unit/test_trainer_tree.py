@@ -97,19 +97,33 @@ def test_the_keepers_words_are_read_and_anything_else_dropped() -> None:
     assert parse_reports(lines) == {"started": 4242, "exited": -9}
 
 
-def fake_proc(tmp_path: Path, pid: int, name: str, state: str, wchan: str = "0", cmdline: str = "") -> None:
-    folder = tmp_path / str(pid)
-    folder.mkdir()
-    (folder / "stat").write_text(f"{pid} ({name}) {state} 1 {pid} {pid} 0 -1 4194560 0 0 0 0 5 3 0 0 20 0 1 0 812")
-    (folder / "wchan").write_text(wchan)
+def fake_proc(
+    proc: Path,
+    pid: int,
+    name: str,
+    state: str,
+    wchan: str = "0",
+    cmdline: str = "",
+    threads: dict[int, str] | None = None,
+) -> None:
+    """/proc/PID as Linux shows it: stat, wchan, cmdline, and task/TID/stat and wchan for each thread."""
+    folder = proc / str(pid)
+    (folder / "task").mkdir(parents=True)
+    for tid, letter in {pid: state, **(threads or {})}.items():
+        where = folder if tid == pid else folder / "task" / str(tid)
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "stat").write_text(f"{tid} ({name}) {letter} 1 {pid} {pid} 0 -1 4194560 0 0 0 0 5 3 0 0 20 0 1 0 812")
+        (where / "wchan").write_text(wchan if tid == max({pid, *(threads or {})}) else "0")
     (folder / "cmdline").write_text(cmdline)
 
 
-def test_living_leaves_out_the_gone_and_the_zombies(tmp_path: Path) -> None:
+def test_living_leaves_out_the_gone_and_the_exited(tmp_path: Path) -> None:
     fake_proc(tmp_path, 40, "python", "D")
-    fake_proc(tmp_path, 41, "pt_data_worker", "Z")
-    fake_proc(tmp_path, 42, "python", "S")
-    assert living([40, 41, 42, 43], proc=tmp_path) == [40, 42]
+    fake_proc(tmp_path, 41, "pt_data_worker", "Z")  # exited, waiting to be reaped
+    fake_proc(tmp_path, 42, "python", "S", threads={43: "S"})
+    fake_proc(tmp_path, 44, "python", "Z", threads={45: "D", 46: "Z"})  # its first thread is done, not all
+    fake_proc(tmp_path, 47, "python", "Z", threads={48: "X"})
+    assert living([40, 41, 42, 44, 47, 49], proc=tmp_path) == [40, 42, 44]
 
 
 def test_a_leftover_is_named_with_its_state_where_it_waits_and_its_command(tmp_path: Path) -> None:
@@ -123,6 +137,15 @@ def test_a_leftover_is_named_with_its_state_where_it_waits_and_its_command(tmp_p
     assert describe(43, proc=tmp_path) == "43 (gone)"
     line = leftovers_line((described,), 60.0)
     assert line.startswith("1 of the trainer's processes still there 60 s after they were KILLed") and described in line
+
+
+def test_a_process_whose_first_thread_exited_is_named_by_the_thread_that_holds_it(tmp_path: Path) -> None:
+    """A rank's checkpoint writer thread blocked in a write: the main thread is done ("Z"), the process is not."""
+    fake_proc(tmp_path, 50, "python", "Z", "fuse_simple_request", threads={51: "S", 52: "D"})
+    assert describe(50, proc=tmp_path) == (
+        "50 python (exited but for its thread 52, in an uninterruptible wait: a device or a file system call that "
+        "must be answered first, in fuse_simple_request)"
+    )
 
 
 class CommandExited:
