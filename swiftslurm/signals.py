@@ -13,17 +13,21 @@ phases read that one log (attempt.py), whatever they are doing when a signal com
 This module is the one owner of signal dispositions in swiftslurm: which signals mean stop (the wrapper's
 STOP_SIGNALS, a training rank's RANK_STOP_SIGNALS), save (SAVE_SIGNAL) and dump stacks (DUMP_SIGNAL), and the
 only code that installs, restores or ignores a handler or blocks a signal (`install`, `restore`, `ignore_from_now_on`,
-`ignore_save_signal`, `dump_stacks_on_signal`, `children_never_see_stop_signals`); the wrapper, the launcher
-and the ranks' plugins call these.
+`ignore_save_signal`, `dump_stacks_on_signal`, `children_never_see_stop_signals`, `outlive_stop_signals`,
+`end_like`); the wrapper, the launcher, the trainer's keeper and the ranks' plugins call these. It also owns what
+is known of process trees (`parent_pids`, `descendants`, `living`, `describe`, `become_subreaper`): whom a
+signal reaches, and whether a trainer's processes are gone.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import faulthandler
 import functools
 import os
+import resource
 import signal
 import threading
 import time
@@ -31,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 SAVE_SIGNAL = signal.SIGUSR2
 # Asks a training rank to write its Python stacks (hooks.register_stack_dump). URG: ignored by default, so a
@@ -101,6 +105,38 @@ def ignore_save_signal() -> None:
     """For a child about to exec `swift` (Popen's preexec_fn): it and torchrun must survive SLURM's USR2,
     whose default action kills; the training ranks install their own handler over the inherited "ignore"."""
     signal.signal(SAVE_SIGNAL, signal.SIG_IGN)
+
+
+# What Python ignores in every process it starts in, and subprocess puts back to the default action for a child
+# it starts (restore_signals): a child started by other means is given the same.
+PYTHON_IGNORES = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name))
+
+
+def outlive_stop_signals() -> None:
+    """For the trainer's keeper (node/keeper.py), which must live as long as any process of the trainer's tree: the
+    stop signals SLURM sends every process of the step (TERM, INT, USR1) do nothing to it. A handler, not SIG_IGN:
+    exec gives the command the default action back, so `swift` behaves as if started directly. USR2 stays ignored,
+    as inherited from the wrapper (ignore_save_signal): `swift` needs that."""
+    install(_do_nothing, tuple(sig for sig in RANK_STOP_SIGNALS if sig != SAVE_SIGNAL))
+
+
+def _do_nothing(_signum: int, _frame: FrameType | None) -> None:
+    pass
+
+
+def end_like(code: int) -> NoReturn:
+    """End this process as its child ended, ``code`` in Popen's convention (-N: killed by signal N): with that exit
+    status, or killed by that signal, its default action put back first and no core dumped (the child's crash is
+    not this process's)."""
+    if code >= 0:
+        os._exit(code)
+    signum = -code
+    if signum != signal.SIGKILL:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signum,))
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # a signal whose default action does not end a process (it ended the child, though)
 
 
 _children_blocked = False  # children_never_see_stop_signals has hooked this process
@@ -205,14 +241,19 @@ def parent_pids(proc: Path = Path("/proc")) -> dict[int, int]:
     """pid -> parent pid of every live process (one pass over /proc)."""
     found = {}
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited while we looked
-            continue
-        found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if entry.name.isdigit() and (stat := _stat(int(entry.name), proc)) is not None:
+            found[int(entry.name)] = int(stat[1][1])
     return found
+
+
+def _stat(pid: int, proc: Path = Path("/proc")) -> tuple[str, list[str]] | None:
+    """A process's name and the fields of /proc/PID/stat after it (state, parent, ...); None once it is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:  # exited while we looked
+        return None
+    head, _, tail = stat.rpartition(")")  # the name may hold spaces and parentheses itself
+    return head.partition("(")[2], tail.split()
 
 
 def descendants(root: int, proc: Path = Path("/proc"), parents: dict[int, int] | None = None) -> list[int]:
@@ -255,3 +296,79 @@ def send(pids: list[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
+
+
+def living(pids: list[int], proc: Path = Path("/proc")) -> list[int]:
+    """Those of ``pids`` that have not exited. A process has once all its threads have: its first thread shows "Z"
+    (a zombie) as soon as it is done, while others may still be exiting, the one that frees a CUDA context, or one
+    blocked in a file system call (on an H200: "Z" 1 ms after a KILL, 110 GiB free and reaped only 0.46 s later)."""
+    return [pid for pid in pids if _holding_thread(pid, proc) is not None]
+
+
+_EXITED = ("Z", "X")  # /proc's state letters of a thread that is done: a zombie, dead
+
+
+def _holding_thread(pid: int, proc: Path = Path("/proc")) -> tuple[int, str] | None:
+    """(thread id, state letter) of the thread that keeps ``pid`` from having exited: its first thread unless that
+    one is done, else another (one in an uninterruptible wait first); None once every thread is done, or it is gone."""
+    stat = _stat(pid, proc)
+    if stat is None:
+        return None
+    if stat[1][0] not in _EXITED:
+        return pid, stat[1][0]
+    tasks = proc / str(pid) / "task"
+    try:
+        tids = sorted(int(tid) for tid in os.listdir(tasks) if tid.isdigit() and int(tid) != pid)
+    except OSError:
+        return None
+    others = [(tid, thread[1][0]) for tid in tids if (thread := _stat(tid, tasks)) is not None]
+    exiting = [(tid, state) for tid, state in others if state not in _EXITED]
+    return min(exiting, key=lambda found: found[1] != "D") if exiting else None
+
+
+# /proc/PID/stat's state letters, as a log line names them.
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in an uninterruptible wait: a device or a file system call that must be answered first",
+    "T": "stopped",
+    "t": "stopped by a debugger",
+    "Z": "exited, not yet reaped",
+}
+
+
+def describe(pid: int, proc: Path = Path("/proc")) -> str:
+    """One process for people: its number, name and state (of the thread that keeps it from having exited), where in
+    the kernel that thread waits, and its command line."""
+    stat = _stat(pid, proc)
+    if stat is None:
+        return f"{pid} (gone)"
+    tid, letter = _holding_thread(pid, proc) or (pid, stat[1][0])
+    state = STATES.get(letter, f"state {letter}")
+    thread = "" if tid == pid else f"exited but for its thread {tid}, "
+    wchan = _text(proc / str(pid) / ("wchan" if tid == pid else f"task/{tid}/wchan"))
+    where = f", in {wchan}" if wchan not in ("", "0") else ""
+    command = _text(proc / str(pid) / "cmdline").replace("\0", " ").strip()
+    shown = command if len(command) <= 80 else command[:77] + "..."
+    return f"{pid} {stat[0]} ({thread}{state}{where})" + (f": {shown}" if shown else "")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def become_subreaper() -> bool:
+    """Make this process the one its orphaned descendants are given to, instead of init (Linux's child subreaper): a
+    training rank whose torchrun died stays under it, found by `descendants`, reaped by it. False where the kernel
+    refuses or has no such call."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    return bool(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)

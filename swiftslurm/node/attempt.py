@@ -296,7 +296,13 @@ def _trained(a: Attempt, resume: ResumePoint, observed: Observed) -> Phase:
     a.result = NodeResult(a.where.node_id, socket.gethostname(), observed.exit_code, log, resumed_from)
     here = attempt_dir(a.run_dir, a.id)
     records.write_node_result(
-        here, a.where.node_id, a.result.hostname, observed.exit_code, observed.ended_at, observed.ended_by
+        here,
+        a.where.node_id,
+        a.result.hostname,
+        observed.exit_code,
+        observed.ended_at,
+        observed.ended_by,
+        observed.leftovers,
     )
     if not a.leader:
         return Phase.AWAIT_OUTCOME

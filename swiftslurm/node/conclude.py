@@ -105,6 +105,7 @@ def conclude(
         failed_host_evidence=blamed[1] if blamed else None,
         end_time_error=unknown_end,
         phases={name: round(at, 3) for name, at in (phases or {}).items()},
+        leftovers=_leftovers(here, hosts, observed),
     )
     if shape.may_shrink:  # the node count of this attempt, and the one the next asks for
         record = replace(record, nodes=shape.nodes, next_nodes=decision.nodes)
@@ -370,6 +371,14 @@ def _first_failure(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed
     others = (records.read_node_result(attempt_dir, node) for node in range(1, len(hosts)))
     ends = [_node_end(attempt_dir, hosts, result) for result in (own, *others) if result is not None]
     return decide.first_failure(ends)
+
+
+def _leftovers(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> tuple[str, ...]:
+    """Every node's trainer processes that outlived their KILL (launch.py), node 0's as it observed them, the
+    others' from their results: what the next attempt on those nodes may find still holding GPUs or files."""
+    others = (records.read_node_result(attempt_dir, node) for node in range(1, len(hosts)))
+    found = [(0, observed.leftovers), *((r.node, r.leftovers) for r in others if r is not None)]
+    return tuple(f"node{node}: {process}" for node, processes in found for process in processes)
 
 
 def _node_end(attempt_dir: Path, hosts: tuple[str, ...], result: records.TrainerEnd) -> decide.NodeEnd:

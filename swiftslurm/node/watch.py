@@ -18,7 +18,7 @@ from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_dir, is_committed
 from swiftslurm.engines.hooks import STACKS_ENV, STOP_FILE_ENV, agreed_stop_step
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.node import stacks
-from swiftslurm.node.deadline import EndTimes, SaveDeadline, earliest, save_deadline
+from swiftslurm.node.deadline import KILL_MARGIN_S, EndTimes, SaveDeadline, earliest, save_deadline
 from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
 from swiftslurm.plan import JobPlan, Resilience
@@ -44,6 +44,9 @@ from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
+# How long a KILLed trainer's processes may take to be gone once a stop signal came (launch.TREE_EXIT_S otherwise):
+# node 0 must still conclude and requeue within KILL_MARGIN_S, and SLURM ends what is left with the job.
+TREE_EXIT_AFTER_STOP_S = KILL_MARGIN_S / 3
 # Why a wrapper ended its own trainer (Observed.ended_by): then its exit code says nothing of what went wrong.
 PEER_FAILED = "peer_failed"  # another node's trainer failed
 HUNG = "hung"  # the run was found hung (node 0's watchdog)
@@ -72,6 +75,7 @@ class Observed:
     unrestored: str | None = None  # no trainer started: why the object store could not be restored from
     stop: dict[str, Any] | None = None  # after a stop signal: the agreed step and the save deadline (_Watcher)
     disk_free: int | None = None  # bytes free beside the checkpoints as the trainer left them (reserve held)
+    leftovers: tuple[str, ...] = ()  # the trainer's processes still there when the wrapper stopped waiting for them
 
     @property
     def peer_failed(self) -> bool:
@@ -155,7 +159,8 @@ def train(
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
     observed = Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by)
-    return replace(observed, hang=watcher.hang, stop=watcher.stop_record(), disk_free=disk_free)
+    observed = replace(observed, hang=watcher.hang, stop=watcher.stop_record(), disk_free=disk_free)
+    return replace(observed, leftovers=trainer.leftovers)
 
 
 def resume_args(plan: JobPlan, shape: AttemptShape, resume: ResumePoint) -> tuple[str, ...]:
@@ -207,8 +212,10 @@ class _Watcher:
         return code
 
     def tick(self, now: float) -> None:
-        if self.end_if_lease_lost():
+        if self.end_if_lease_lost() or self.end_leftovers():
             return
+        if self.signals.received:
+            self.trainer.tree_exit_s = min(self.trainer.tree_exit_s, TREE_EXIT_AFTER_STOP_S)
         self.forward_stop(now)
         self.follow_progress(now)
         if self.sync is not None:
@@ -375,9 +382,20 @@ class _Watcher:
             print("[swiftslurm] another node's trainer failed: ending this node's", flush=True)
             self.end(PEER_FAILED)
 
+    def end_leftovers(self) -> bool:
+        """The trainer's command (`swift`) exited by itself, processes it started still run: without a stop signal
+        none of them is needed any more (torchrun, which waits for its ranks, is gone), so they are KILLed, and the
+        command's exit code stands. After a stop signal a rank may still be committing its save: the commit or the
+        save's deadline ends them, as it ends a running trainer."""
+        if self.signals.received or self.trainer.command_exit is None:
+            return False
+        self.trainer.kill()
+        return True
+
     def end(self, why: str) -> None:
-        """Kill the trainer, saying why (the first reason stands: what came after was the kill's doing)."""
-        if self.trainer.poll() is None:
+        """Kill the trainer, saying why (the first reason stands: what came after was the kill's doing); not when its
+        command had exited by itself: its exit code then says what happened."""
+        if self.trainer.poll() is None and self.trainer.command_exit is None:
             self.ended_by = self.ended_by or why
         self.trainer.kill()
 

@@ -69,6 +69,7 @@ class AttemptRecord:
     refused: bool | None = None  # the wrapper refused to start the attempt
     restore_error: str | None = None  # the object store could not be read before training (node/resume.py)
     requeue_error: str | None = None  # `scontrol requeue` failed after the row said requeue (amend_attempt)
+    leftovers: tuple[str, ...] = ()  # "nodeN: PID NAME (state...)": trainer processes that outlived their KILL
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     keep_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -101,7 +102,7 @@ def _unset(value: Any) -> bool:
 
 # What a concluded attempt's row shows even when null or empty; only a run that may shrink adds its node counts,
 # and the errors of an outage appear only when there was one.
-_WHEN_SET = ("nodes", "next_nodes", "preflight", "refused", "restore_error", "requeue_error")
+_WHEN_SET = ("nodes", "next_nodes", "preflight", "refused", "restore_error", "requeue_error", "leftovers")
 CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in _WHEN_SET)
 # The key of a line that corrects the attempt recorded before it with the same id (amend_attempt).
 AMENDS = "amends"
@@ -196,14 +197,21 @@ class TrainerEnd:
     exit_code: int
     ended_at: float | None = None  # when the wrapper saw the trainer exit (None: it started none)
     ended_by: str | None = None  # why the wrapper ended it itself (node/watch.py: a peer failed, a hang, a stop)
+    leftovers: tuple[str, ...] = ()  # its processes still there when the wrapper stopped waiting (launch.py)
 
 
 def write_node_result(
-    attempt_dir: Path, node: int, host: str, exit_code: int, ended_at: float | None = None, ended_by: str | None = None
+    attempt_dir: Path,
+    node: int,
+    host: str,
+    exit_code: int,
+    ended_at: float | None = None,
+    ended_by: str | None = None,
+    leftovers: tuple[str, ...] = (),
 ) -> None:
     attempt_dir.mkdir(parents=True, exist_ok=True)  # a node signalled before node 0 published anything made none
     result = {"node": node, "host": host, "exit_code": exit_code, "ended_at": ended_at, "ended_by": ended_by}
-    write_json_atomic(node_result(attempt_dir, node), result)
+    write_json_atomic(node_result(attempt_dir, node), result | ({"leftovers": list(leftovers)} if leftovers else {}))
 
 
 def read_node_result(attempt_dir: Path, node: int) -> TrainerEnd | None:
@@ -212,12 +220,14 @@ def read_node_result(attempt_dir: Path, node: int) -> TrainerEnd | None:
     code, ended_at, ended_by = data.get("exit_code"), data.get("ended_at"), data.get("ended_by")
     if not isinstance(code, int):
         return None
+    leftovers = data.get("leftovers")
     return TrainerEnd(
         node,
         str(data.get("host", "")),
         code,
         float(ended_at) if isinstance(ended_at, (int, float)) else None,
         str(ended_by) if ended_by else None,
+        tuple(str(p) for p in leftovers) if isinstance(leftovers, list) else (),
     )
 
 

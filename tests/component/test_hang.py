@@ -112,6 +112,6 @@ def _watcher(plan: JobPlan, trainer: Trainer, attempt: Path, node: int = 0) -> _
 def _wait_until_registered(ranks: list[Trainer]) -> None:
     """A rank is one once its handler is installed (what the wrapper looks for): until then it is loading."""
     deadline = time.monotonic() + 60
-    while not all(catches(r.pid, DUMP_SIGNAL) for r in ranks):
+    while not all(catches(r.command_pid, DUMP_SIGNAL) for r in ranks):
         assert time.monotonic() < deadline, "the ranks never registered their stack dump"
         time.sleep(0.1)

@@ -43,13 +43,13 @@ def wait_for(check, timeout: float = 10.0) -> None:
 def test_save_signal_goes_once_to_each_handler_and_never_to_a_default_action(tmp_path: Path) -> None:
     trainer = Trainer([sys.executable, "-c", TREE, str(tmp_path)], {}, tmp_path / "log", cwd=tmp_path)
     try:
-        wait_for(lambda: len(descendants(trainer.pid)) == 3)
-        counting, default, late = sorted(descendants(trainer.pid))
+        wait_for(lambda: len(descendants(trainer.command_pid)) == 3)
+        counting, default, late = sorted(descendants(trainer.command_pid))
         wait_for(lambda: catches(counting, signal.SIGUSR2))
 
         recipients = ENGINES["swift"].stop_recipients
         first = trainer.forward(signal.SIGUSR2, recipients)
-        assert counting in first and default not in first and trainer.pid not in first
+        assert counting in first and default not in first and trainer.command_pid not in first
         wait_for(lambda: catches(late, signal.SIGUSR2))
         assert trainer.forward(signal.SIGUSR2, recipients) == [late]  # the late one now; the first not a second time
         assert trainer.forward(signal.SIGUSR2, recipients) == []
@@ -57,7 +57,7 @@ def test_save_signal_goes_once_to_each_handler_and_never_to_a_default_action(tmp
         wait_for(lambda: (tmp_path / "counting").is_file() and (tmp_path / "late").is_file())
         time.sleep(0.3)
         assert (tmp_path / "counting").read_text() == "x" and (tmp_path / "late").read_text() == "x"
-        assert trainer.poll() is None and default in descendants(trainer.pid)  # nothing was killed
+        assert trainer.poll() is None and default in descendants(trainer.command_pid)  # nothing was killed
     finally:
         trainer.kill()
 
@@ -94,10 +94,10 @@ def test_only_training_ranks_get_the_save_signal_never_what_they_started(tmp_pat
     trainer = Trainer([sys.executable, "-c", LAUNCHER, str(tmp_path)], {}, tmp_path / "log", cwd=tmp_path)
     try:
         # under the launcher: 2 ranks, and a forked child and an exec'ed engine under each rank
-        wait_for(lambda: len(descendants(trainer.pid)) == 6)
+        wait_for(lambda: len(descendants(trainer.command_pid)) == 6)
         wait_for(lambda: (tmp_path / "engine.ready").is_file() and (tmp_path / "forked.ready").is_file())
-        tree = descendants(trainer.pid)
-        ranks = _children_of(trainer.pid, tree)
+        tree = descendants(trainer.command_pid)
+        ranks = _children_of(trainer.command_pid, tree)
         assert len(ranks) == 2 and all(catches(p, signal.SIGUSR2) for p in ranks)
 
         reached = trainer.forward(signal.SIGUSR2, ENGINES[launcher].stop_recipients)
@@ -106,7 +106,7 @@ def test_only_training_ranks_get_the_save_signal_never_what_they_started(tmp_pat
         wait_for(lambda: len(_lines(tmp_path / "rank")) == 2)
         time.sleep(0.5)  # a stray signal would have landed by now
         assert not (tmp_path / "forked").exists(), "a process forked by a rank got the save signal"
-        assert len(descendants(trainer.pid)) == 6, "a process was killed by the save signal"
+        assert len(descendants(trainer.command_pid)) == 6, "a process was killed by the save signal"
     finally:
         trainer.kill()
 

@@ -121,6 +121,7 @@ class FillsTheDisk:
         self.runs.append({"reserve": reserve_file(Path(cwd), 0).stat().st_size})
 
     pid = 0
+    leftovers: tuple[str, ...] = ()
 
     def poll(self) -> int:
         return 1

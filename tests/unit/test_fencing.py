@@ -177,6 +177,9 @@ class TakenOver:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         self.run_dir, self.pid, self.polls, self.killed = cwd, 0, 0, False
+        self.command_exit: int | None = None
+        self.tree_exit_s = 60.0
+        self.leftovers: tuple[str, ...] = ()
         self.status_at_takeover: bytes | None = None
 
     def poll(self) -> int | None:

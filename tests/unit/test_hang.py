@@ -174,6 +174,9 @@ class FakeTrainer:
     """What _Watcher asks of the trainer; `kill` records instead of killing."""
 
     pid = 2**22 + 1  # above pid_max's default: no such process (stacks.dump_ranks signals nobody)
+    command_exit: int | None = None  # its command runs until killed
+    tree_exit_s = 60.0
+    leftovers: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.killed = False

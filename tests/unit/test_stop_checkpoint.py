@@ -33,6 +33,9 @@ class FakeTrainer:
     """The running trainer as the watcher sees it: it runs until killed."""
 
     pid = 4242
+    command_exit: int | None = None  # its command runs until killed
+    tree_exit_s = 60.0
+    leftovers: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.killed = False
