@@ -40,7 +40,9 @@ def main(args: list[str]) -> NoReturn:
     if not become_subreaper():
         print("[swiftslurm] keeper: no child subreaper here; orphaned ranks go to init", file=sys.stderr, flush=True)
     try:
-        child = os.posix_spawnp(command[0], command, os.environ, setsigdef=PYTHON_IGNORES)
+        # Nothing blocked, whatever mask this process was started with (a parent that blocks the stop signals in
+        # what it starts, as a rank's plugin does): the command must see TERM and die of it like any process.
+        child = os.posix_spawnp(command[0], command, os.environ, setsigdef=PYTHON_IGNORES, setsigmask=())
     except OSError as err:
         _tell(channel, f"error {err.errno}")
         end_like(127)
