@@ -131,9 +131,15 @@ def job_instances(job_id: str) -> list[tuple[str, list[str]]]:
     return [(state.split()[0], hosts_of(nodes)) for state, nodes in rows]
 
 
-def preempt(job_id: str) -> None:
-    """`scancel --signal=USR2`: what SLURM sends ahead of a preemption."""
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+def preempt(job_id: str, timeout_s: float = 120) -> None:
+    """`scancel --signal=USR2`: what SLURM sends ahead of a preemption; asked again while slurmctld does not answer
+    (another soak process froze it), an error only once ``timeout_s`` has passed."""
+    argv = ["scancel", "--signal=USR2", job_id]
+    deadline = time.monotonic() + timeout_s
+    while (done := subprocess.run(argv, capture_output=True, text=True)).returncode != 0:
+        if "timed out" not in done.stderr or time.monotonic() > deadline:
+            raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+        time.sleep(1)
 
 
 # ---------------------------------------------------------------- the run's end
