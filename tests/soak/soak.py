@@ -67,6 +67,7 @@ from swiftslurm.rundir.layout import QUARANTINE
 from swiftslurm.rundir.records import read_attempts, read_status
 from swiftslurm.testing.checkpoints import ResumeSeen, inspect_resume_point, saving_checkpoint
 from swiftslurm.testing.cluster import (
+    TimedOut,
     alive,
     attempt_ids,
     cancel_if_active,
@@ -279,7 +280,9 @@ def act(
         # signal (the requeue that follows the save then falls due while it cannot answer), not before.
         seen = stop_signals_logged(run_dir)
         preempt(job)
-        if not wait_for(lambda: stop_signals_logged(run_dir) > seen, 10):
+        try:
+            wait_until(lambda: stop_signals_logged(run_dir) > seen, 10, "the stop signal", poll_s=SAVE_POLL_S)
+        except TimedOut:
             trial.note = "the stop signal had not reached the wrapper in 10 s"
         with slurmctld_stopped():
             time.sleep(rng.uniform(20, 40))
@@ -294,14 +297,6 @@ def stop_signals_logged(run_dir: Path) -> int:
     """How many stop signals the run's wrappers have said they received (their submitit logs)."""
     logs = (run_dir / "submitit").glob("*_log.out")
     return sum(log.read_text(errors="replace").count(STOP_SIGNAL_LINE) for log in logs)
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    """Whether ``condition`` came true within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not (met := condition()) and time.monotonic() < deadline:
-        time.sleep(SAVE_POLL_S)
-    return met
 
 
 def _wait_for_save(output: Path, above: int, pids: list[int]) -> Path | None:
