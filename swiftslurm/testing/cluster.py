@@ -401,6 +401,22 @@ def slurmctld_stopped() -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+def resume_drained_nodes() -> list[str]:
+    """Put back the nodes SLURM drained with "Kill task failed": a step ending while slurmctld was frozen cannot
+    report its end in time, so slurmd drains its node, which an admin would resume. Returns the nodes resumed."""
+    listing = subprocess.run(
+        ["sinfo", "-h", "-N", "-t", "drain,drained,draining", "-o", "%N|%E"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    drained = sorted({n for n, _, why in (line.partition("|") for line in listing.splitlines()) if "Kill task" in why})
+    for node in drained:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=30, check=False)
+    return drained
+
+
 def shared_mounts() -> Path:
     """Where a filesystem mounted now is seen by every node of the local cluster (scripts/slurm-local.sh)."""
     return CLUSTER_STATE / "mnt"

@@ -76,6 +76,7 @@ from swiftslurm.testing.cluster import (
     next_attempt,
     preempt,
     recorded_attempts,
+    resume_drained_nodes,
     run_over,
     shared_mounts,
     slurmctld_stopped,
@@ -380,6 +381,8 @@ def soak_one(
         over = run_over(run_dir, result.job)
         try:
             while (attempt := next_attempt(run_dir, [s.attempt for s in seen], over=over)) is not None:
+                if drained := resume_drained_nodes():
+                    print(f"seed {seed}: resumed drained nodes {drained}", flush=True)
                 seen.append(inspect_resume_point(run_dir, attempt))
                 if len(result.trials) >= trials:
                     continue  # trials used up: let the run finish
