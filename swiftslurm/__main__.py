@@ -38,13 +38,13 @@ def run(cfg: DictConfig) -> int:
 
     config = to_config(cfg)
     plan = make_plan(config, PlanContext(cwd=Path.cwd()))
-    sbatch = submit.check_run_dir(plan)
+    checked = submit.check_run_dir(plan)
     run_dir = Path(plan.run_dir)
     skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
     if skip is None:  # a run that is not submitted again keeps its run dir as it is
-        submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), sbatch)
-    for warning in plan_warnings(config, plan):
-        print(f"swiftslurm: {warning}", file=sys.stderr, flush=True)
+        submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), checked)
+    for note in [*plan_warnings(config, plan), *filter(None, [checked.note(run_dir)])]:
+        print(f"swiftslurm: {note}", file=sys.stderr, flush=True)
     if cfg.dry_run:
         notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan))
         print(dry_run_text(plan, run_dir, skip, tuple(n for n in notes if n)))  # shrink: only a run that may

@@ -177,6 +177,23 @@ class JobPlan:
             "batch": asdict(self.batch),
         }
 
+    def identity_changes(self, earlier: dict[str, Any]) -> list[str]:
+        """How this plan's identity facts differ from ``earlier`` (another plan's ``identity_facts``), one
+        `what: was → now` each; ms-swift's arguments flag by flag, so a refusal can name the setting."""
+        changes: list[str] = []
+        for name, now in self.identity_facts().items():
+            was = earlier.get(name)
+            if was == now:
+                continue
+            if name == "swift_argv" and isinstance(was, list):
+                changes += _argv_changes(was, now)
+            elif isinstance(was, dict) and isinstance(now, dict):
+                keys = [*was, *(k for k in now if k not in was)]
+                changes += [f"{name}.{k}: {was.get(k)} → {now.get(k)}" for k in keys if was.get(k) != now.get(k)]
+            else:
+                changes.append(f"{name}: {was} → {now}")
+        return changes
+
     def identity(self) -> str:
         """The plan's identity: a digest of ``identity_facts``, carried by every checkpoint's manifest."""
         facts = json.dumps(self.identity_facts(), sort_keys=True)
@@ -353,3 +370,15 @@ class StorageSpec:
     def url(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return f"s3://{self.bucket}/{self.root}{where}"
+
+
+def _argv_changes(was: list[list[str]], now: list[list[str]]) -> list[str]:
+    """`--flag old values → new values` for each ms-swift argument group (`result_argv`) that differs."""
+    old = {group[0]: group[1:] for group in was}
+    new = {group[0]: group[1:] for group in now}
+
+    def words(values: list[str] | None) -> str:
+        return "(not set)" if values is None else " ".join(values)
+
+    flags = [*old, *(flag for flag in new if flag not in old)]
+    return [f"{flag} {words(old.get(flag))} → {words(new.get(flag))}" for flag in flags if old.get(flag) != new.get(flag)]

@@ -40,6 +40,8 @@
       reserve/node<N>    disk space node N's wrapper holds while its trainer runs, released for the records
                          when the trainer ends (rundir/reserve.py)
       submitit/          submitit's own files
+      replaced/<time>/   the files of an earlier run of this dir, planned with other settings, that committed
+                         nothing: set aside when the dir was planned again in place (submit/jobs.py)
 
 The run dir itself is RUN_DIR_MODE (owner and group only), whatever the umask; it holds no secrets.
 
@@ -86,6 +88,7 @@ PRUNING = ".pruning"  # in output/: checkpoints being deleted by retention, each
 DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"
+REPLACED = "replaced"  # <UTC time>/: an earlier run planned with other settings that committed nothing
 RESERVE = "reserve"  # disk space held for the records while the trainer runs (rundir/reserve.py)
 RESERVE_FILE = "node{node}"  # in reserve/
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +30,29 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     write_text_atomic(path, text, durable)
 
 
-def check_same_run(plan: JobPlan, existing: Path) -> None:
-    """A run dir continues its own run only: refuse one planned with different training settings."""
+@dataclass(frozen=True)
+class RunDirCheck:
+    """What writing a run dir needs, found before anything is written: job.sbatch's text (SLURM), and the
+    settings in which the run the dir holds differs from this plan, when that run may be replaced (it
+    committed nothing and no job of it is queued or running; otherwise the check refuses)."""
+
+    sbatch: str | None
+    replaces: tuple[str, ...] = ()
+
+    def note(self, run_dir: Path) -> str | None:
+        """The line that says the run dir was planned again in place, or None."""
+        if not self.replaces:
+            return None
+        return (
+            f"{run_dir} held a run planned with different settings ({'; '.join(self.replaces)}) that committed "
+            f"no checkpoint: planned again in place; its files are kept in {run_dir / rundir.REPLACED}/."
+        )
+
+
+def check_same_run(plan: JobPlan, existing: Path) -> tuple[str, ...]:
+    """A run dir continues its own run: the settings in which the run it holds differs from ``plan`` (none:
+    the same run). A different run may be replaced only while it has nothing to lose: no committed
+    checkpoint, no job queued or running; otherwise the refusal names the settings that differ."""
     try:
         old = JobPlan.load(existing, any_version=True)  # an older swiftslurm's plan is planned again in place
     except (OSError, ValueError, TypeError) as err:  # half-written, edited by hand, or not a file
@@ -37,14 +60,28 @@ def check_same_run(plan: JobPlan, existing: Path) -> None:
             f"run_dir {plan.run_dir} holds a {existing.name} that cannot be read ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:80]}). HINT: pass a new run_dir=PATH, or move the old directory away."
         ) from err
-    old_facts, new_facts = old.identity_facts(), plan.identity_facts()
-    changed = [name for name in new_facts if old_facts.get(name) != new_facts[name]]
-    if changed:
+    changes = tuple(plan.identity_changes(old.identity_facts()))
+    if changes and (kept := _what_would_be_lost(Path(plan.run_dir))):
         raise ConfigError(
-            f"run_dir {plan.run_dir} holds a run planned with different {', '.join(changed)}; re-using it "
-            "would resume that run with other settings. HINT: pass a new run_dir=PATH (or run_name=NAME), "
-            "or remove the old directory."
+            f"run_dir {plan.run_dir} holds a run planned with different settings ({'; '.join(changes)}) "
+            f"and {kept}; re-using it would resume that run with other settings. HINT: pass a new "
+            "run_dir=PATH (or run_name=NAME), or remove the old directory."
         )
+    return changes
+
+
+def _what_would_be_lost(run_dir: Path) -> str | None:
+    """What a run dir's run has that planning it again would lose: a committed checkpoint, a live job."""
+    from swiftslurm.ckpt.checkpoint import newest_committed
+    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
+
+    committed, _ = newest_committed(rundir.output_dir(run_dir))
+    if committed is not None:
+        return f"committed {committed.name}"
+    facts = facts_of(run_dir)
+    if facts.state in ACTIVE_STATES:
+        return f"job {facts.job_id} {facts.state}"
+    return None
 
 
 def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
@@ -52,26 +89,39 @@ def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
     return write_run_dir(plan, config_yaml, check_run_dir(plan))
 
 
-def check_run_dir(plan: JobPlan) -> str | None:
+def check_run_dir(plan: JobPlan) -> RunDirCheck:
     """Everything writing the run dir would refuse, found before anything is written (a sweep checks every
-    point first): a run dir holding another run, values #SBATCH cannot carry. Returns job.sbatch's text."""
+    point first): a run dir holding another run that has something to lose, values #SBATCH cannot carry."""
     plan_path = rundir.plan_file(Path(plan.run_dir))
-    if plan_path.exists():
-        check_same_run(plan, plan_path)
-    return render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+    replaces = check_same_run(plan, plan_path) if plan_path.exists() else ()
+    sbatch = render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+    return RunDirCheck(sbatch, replaces)
 
 
-def write_run_dir(plan: JobPlan, config_yaml: str, sbatch: str | None, durable: bool = True) -> Path:
-    """Write a checked run dir. It is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs
-    and checkpoints are the user's own); plan.sha256 lets the nodes check that they run this plan."""
+def set_aside(run_dir: Path) -> Path:
+    """Move everything of the run dir's earlier run into replaced/<UTC time>/ (renames: nothing is copied)."""
+    kept = run_dir / rundir.REPLACED / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept.mkdir(parents=True, exist_ok=True)
+    for entry in run_dir.iterdir():
+        if entry.name != rundir.REPLACED:
+            entry.rename(kept / entry.name)
+    return kept
+
+
+def write_run_dir(plan: JobPlan, config_yaml: str, checked: RunDirCheck, durable: bool = True) -> Path:
+    """Write a checked run dir (the earlier run it held set aside, where the check allowed replacing it). It
+    is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs and checkpoints are the
+    user's own); plan.sha256 lets the nodes check that they run this plan."""
     run_dir = Path(plan.run_dir)
+    if checked.replaces:
+        set_aside(run_dir)
     make_run_dir(run_dir)
     write_atomic(run_dir / rundir.CONFIG, config_yaml, durable)
     plan_text = plan.to_json()
     write_atomic(rundir.plan_file(run_dir), plan_text, durable)
     write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n", durable)
-    if sbatch is not None:
-        write_atomic(run_dir / rundir.SBATCH, sbatch, durable)
+    if checked.sbatch is not None:
+        write_atomic(run_dir / rundir.SBATCH, checked.sbatch, durable)
     return run_dir
 
 

@@ -74,7 +74,7 @@ class Planned:
     point: Point
     plan: JobPlan
     config_yaml: str
-    sbatch: str | None
+    checked: submit.RunDirCheck  # job.sbatch's text; an earlier run of the dir this point replaces
     dry_run: bool
     array_parallelism: int
     warnings: tuple[str, ...]  # the plan's warnings (make.plan_warnings), printed by the sweep's own process
@@ -204,14 +204,14 @@ def plan_point(sweep: Sweep, point: Point) -> Planned:
     try:
         config = to_config(cfg)
         plan = make_plan(config, PlanContext(cwd=sweep.cwd, sweep_point=point.name))
-        sbatch = submit.check_run_dir(plan)
+        checked = submit.check_run_dir(plan)
     except SwiftSlurmError as err:
         raise type(err)(f"sweep point #{point.num} ({' '.join(point.varies)}): {err}") from err
     warnings = tuple(plan_warnings(config, plan))
     touched = {str(o.key_or_group).split(".")[0] for o in point.values}
     config_yaml = point_yaml(cfg, point.base, touched)
     given = config.run_dir is not None
-    return Planned(point, plan, config_yaml, sbatch, config.dry_run, config.array_parallelism, warnings, given)
+    return Planned(point, plan, config_yaml, checked, config.dry_run, config.array_parallelism, warnings, given)
 
 
 def plan_points(points: list[Point]) -> list[Planned]:
@@ -235,7 +235,7 @@ def check_distinct_run_dirs(planned: list[Planned]) -> None:
 def write_run_dirs(items: list[Planned]) -> list[None]:
     """Write the points' run dirs without an fsync per file (the sweep syncs once, before submitting)."""
     for item in items:
-        submit.write_run_dir(item.plan, item.config_yaml, item.sbatch, durable=False)
+        submit.write_run_dir(item.plan, item.config_yaml, item.checked, durable=False)
     return []
 
 
@@ -250,8 +250,9 @@ def run_sweep(context: HydraContext, master: DictConfig, overrides: list[Overrid
         planned = workers.map(plan_points, sweep.points)
         check_distinct_run_dirs(planned)
         for item in planned:
-            for warning in item.warnings:
-                print(f"swiftslurm: {item.plan.run_name}: {warning}", file=sys.stderr, flush=True)
+            notes = [*item.warnings, *filter(None, [item.checked.note(Path(item.plan.run_dir))])]
+            for note in notes:
+                print(f"swiftslurm: {item.plan.run_name}: {note}", file=sys.stderr, flush=True)
         sweep_dir = Path(master.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(master, sweep_dir / HYDRA_RECORD)  # as Hydra's BasicSweeper does, once all are planned

@@ -27,7 +27,8 @@ def test_default_command_trains_and_reports_loss_and_checkpoint(tmp_path: Path) 
     # Same run directory again: other settings are refused; the same settings find the run finished and
     # submit nothing (a run that stopped would be resubmitted and continue from its newest checkpoint).
     again = swiftslurm(f"run_dir={run_dir}", "swift.max_steps=50", cwd=tmp_path)
-    assert again.returncode == 2 and "different swift_argv" in again.stderr
+    assert again.returncode == 2 and "different settings (--max_steps 40 → 50)" in again.stderr, again.stderr
+    assert "committed checkpoint-40" in again.stderr
     again = swiftslurm(f"run_dir={run_dir}", cwd=tmp_path)
     assert again.returncode == 0 and "already finished" in again.stdout, again.stdout + again.stderr[-3000:]
     assert len(attempts(run_dir)) == 1

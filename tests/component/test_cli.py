@@ -61,11 +61,13 @@ def test_validation_error_exits_2_with_one_message_and_no_run_dir(tmp_path: Path
     assert not (tmp_path / "runs").exists()
 
 
-def test_rerun_with_other_training_settings_refuses_to_mix_runs(tmp_path: Path) -> None:
+def test_rerun_with_other_training_settings_plans_again_a_run_that_committed_nothing(tmp_path: Path) -> None:
     args = ("+cluster=a100x16", f"run_dir={tmp_path / 'r'}", "dry_run=true")
     assert swiftslurm(*args, cwd=tmp_path).returncode == 0
     done = swiftslurm(*args, "swift.learning_rate=5e-5", cwd=tmp_path)
-    assert done.returncode == 2 and "different swift_argv" in done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "different settings (--learning_rate 0.001 → 5e-05) that committed no checkpoint" in done.stderr
+    assert "planned again in place" in done.stderr and (tmp_path / "r" / "replaced").is_dir()
 
 
 def test_every_recipe_plans(tmp_path: Path) -> None:

@@ -111,11 +111,34 @@ def test_the_leader_tells_its_followers_when_it_refuses_another_plans_checkpoint
     assert "another plan" in published["error"] and published["nonce"] == "5@t"
 
 
-def test_a_run_dir_of_another_plan_is_refused_naming_what_changed(tmp_path: Path) -> None:
-    prepare_run_dir(a_plan(tmp_path / "run"), "")
+def test_a_run_dir_of_another_plan_with_a_commit_is_refused_naming_the_settings_that_differ(tmp_path: Path) -> None:
+    plan = a_plan(tmp_path / "run")
+    prepare_run_dir(plan, "")
     prepare_run_dir(a_plan(tmp_path / "run", "cluster.time=2:00:00"), "")  # how it runs: the same run
-    with pytest.raises(ConfigError, match="different swift_argv"):
-        prepare_run_dir(a_plan(tmp_path / "run", "swift.learning_rate=0.01"), "")
+    checkpoint(plan.output_dir, 10, identity=plan.identity())
+    with pytest.raises(ConfigError) as refused:
+        prepare_run_dir(a_plan(tmp_path / "run", "swift.learning_rate=0.01", "swift.lora_rank=4"), "")
+    assert "--learning_rate 0.001 → 0.01; --lora_rank 8 → 4" in str(refused.value), refused.value
+    assert "committed checkpoint-10" in str(refused.value)
+
+
+def test_a_run_dir_whose_run_committed_nothing_is_planned_again_in_place(tmp_path: Path) -> None:
+    """A user error (`target_modules` naming no module) stops the run before anything is committed; the rerun
+    with the fix and the same run_dir must be taken, the old run's files kept aside, not refused."""
+    from swiftslurm.submit.jobs import check_run_dir, write_run_dir
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(a_plan(run_dir, "swift.target_modules=[no_such_module]"), "")
+    records.write_status(run_dir, "failed", reason="user_error", why="user error: target modules not found")
+    fixed = a_plan(run_dir, "swift.target_modules=[all-linear]")
+    checked = check_run_dir(fixed)
+    assert checked.replaces == ("--target_modules no_such_module → all-linear",)
+    assert "planned again in place" in (checked.note(run_dir) or "")
+    write_run_dir(fixed, "", checked)
+    assert JobPlan.load(run_dir / "plan.json").identity() == fixed.identity()
+    assert not (run_dir / "status.json").exists()  # the new run starts with no state of the old one
+    [kept] = (run_dir / "replaced").iterdir()
+    assert "no_such_module" in (kept / "plan.json").read_text() and (kept / "status.json").is_file()
 
 
 # --- 4. one leader per run: the lease ---------------------------------------------------------------------
