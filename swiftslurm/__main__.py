@@ -41,6 +41,8 @@ def run(cfg: DictConfig) -> int:
     checked = submit.check_run_dir(plan)
     run_dir = Path(plan.run_dir)
     skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
+    if skip is None and not cfg.dry_run:
+        submit.check_submission(plan)  # a run SLURM or the store would refuse leaves nothing behind
     if skip is None:  # a run that is not submitted again keeps its run dir as it is
         submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), checked)
     for note in [*plan_warnings(config, plan), *filter(None, [checked.note(run_dir)])]:

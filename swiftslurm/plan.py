@@ -380,5 +380,5 @@ def _argv_changes(was: list[list[str]], now: list[list[str]]) -> list[str]:
     def words(values: list[str] | None) -> str:
         return "(not set)" if values is None else " ".join(values)
 
-    flags = [*old, *(flag for flag in new if flag not in old)]
-    return [f"{flag} {words(old.get(flag))} → {words(new.get(flag))}" for flag in flags if old.get(flag) != new.get(flag)]
+    changed = [flag for flag in [*old, *(f for f in new if f not in old)] if old.get(flag) != new.get(flag)]
+    return [f"{flag} {words(old.get(flag))} → {words(new.get(flag))}" for flag in changed]

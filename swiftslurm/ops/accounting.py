@@ -18,9 +18,10 @@ from typing import Any
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops import ledger
+from swiftslurm.ops.submission import submission
 from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json, write_json_atomic
-from swiftslurm.rundir.layout import ACCOUNTING, JOB, attempt_dir, trainer_timeline
+from swiftslurm.rundir.layout import ACCOUNTING, attempt_dir, trainer_timeline
 from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
 
@@ -39,9 +40,9 @@ def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
 
 
 def job_ids(run_dir: Path) -> list[str]:
-    """Every SLURM job that carried the run: each attempt's, and the latest submission's (job.json)."""
+    """Every SLURM job that carried the run: each attempt's, and the one that carries it now (submission.py)."""
     found = [str(r.job_id) for r in read_attempts(run_dir) if r.job_id]
-    job = read_json(run_dir / JOB) or {}
+    job = submission(run_dir)
     if job.get("job_id") and job.get("scheduler") != "local":
         found.append(str(job["job_id"]))
     return list(dict.fromkeys(found))

@@ -8,6 +8,7 @@ view), attempts.jsonl (one record per attempt), sync.json (object storage), outp
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,18 +18,23 @@ from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops.accounting import STATUS_ASKS, run_ledger
 from swiftslurm.ops.ledger import Ledger
+from swiftslurm.ops.submission import submission, superseded
 from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
-    JOB,
-    SLURM_LOG,
     SYNC_STATE,
     logs_dir,
     output_dir,
     slurm_log,
 )
 from swiftslurm.rundir.metrics import read_metrics
-from swiftslurm.rundir.records import AttemptRecord, is_cancelled, read_attempts, read_status
+from swiftslurm.rundir.records import (
+    AttemptRecord,
+    is_cancelled,
+    read_attempts,
+    read_refused_submission,
+    read_status,
+)
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
@@ -111,6 +117,8 @@ def gather(
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
     if job.get("by_hand") and not status:
         why = _hand_submitted_why(run_dir, str(job_id), state, why)
+    if (refused := read_refused_submission(run_dir)) and float(refused["at"]) > float(job.get("submitted") or 0):
+        why = _refused_why(refused, state, why)
     committed, _ = newest_committed(output_dir(run_dir))
     batch = plan.batch.global_ if plan.batch else None
     spent = run_ledger(run_dir, plan, jobs, running=state == "running")
@@ -145,26 +153,10 @@ def slurm_job_ids(run_dirs: list[Path]) -> list[str]:
     return [str(j["job_id"]) for j in jobs if j.get("job_id") and j.get("scheduler") != "local"]
 
 
-def submission(run_dir: Path) -> dict[str, Any]:
-    """The job that carries the run: job.json (written when swiftslurm submits), else the newest SLURM output
-    file in logs/ (`sbatch RUN_DIR/job.sbatch` by hand writes no job.json; if the wrapper never started, e.g.
-    the node's Python cannot import swiftslurm, that file is the only trace of the job). {} if never submitted."""
-    job = read_json(run_dir / JOB)
-    if job:
-        return job
-    prefix, suffix = SLURM_LOG.split("%j")
-    ids = [f.name[len(prefix) : -len(suffix)] for f in logs_dir(run_dir).glob(SLURM_LOG.replace("%j", "*"))]
-    numeric = sorted((int(i) for i in ids if i.isdigit()), reverse=True)
-    return {"job_id": str(numeric[0]), "scheduler": "slurm", "by_hand": True} if numeric else {}
-
-
-def superseded(status: dict[str, Any], job: dict[str, Any]) -> bool:
-    """Whether status.json speaks of an earlier job than the run's latest submission (`resume`, or the same
-    command again, after the run was cancelled or failed): its final state must not hide the new job."""
-    written, latest = str(status.get("job_id") or ""), str(job.get("job_id") or "")
-    if not written or not latest or written == latest:
-        return False
-    return float(job.get("submitted") or 0) > float(status.get("updated") or 0)
+def _refused_why(refused: dict[str, Any], state: str, why: str) -> str:
+    """The latest submission was refused: for a run never submitted that is all there is to say."""
+    said = f"submission refused at {time.strftime('%H:%M:%S', time.localtime(float(refused['at'])))}: {refused['why']}"
+    return said if state == "planned" else f"{why}; the latest {said}" if why else f"the latest {said}"
 
 
 def _hand_submitted_why(run_dir: Path, job_id: str, state: str, why: str) -> str:

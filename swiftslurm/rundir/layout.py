@@ -14,6 +14,7 @@
                          took it, its fencing token; its mtime is the heartbeat (rundir/lease.py)
       lease.json         an older swiftslurm's lease, read for its holder while no generation exists
       cancelled.json     `swiftslurm cancel` was here
+      submit_refused.json  the latest submission was refused, and why; removed by the next one that goes through
       sync.json          object storage: what is uploaded, what failed
       uploads.jsonl      a line per upload, by storage/uploader.py (when, how long, how much)
       logs/slurm-%j.out  SLURM's output of the batch script
@@ -62,6 +63,7 @@ STATUS = "status.json"
 ATTEMPTS = "attempts.jsonl"
 OPEN_ATTEMPT = "attempt_open.json"
 CANCELLED = "cancelled.json"
+SUBMIT_REFUSED = "submit_refused.json"  # the latest submission was refused (sbatch, the partition, the store)
 SYNC_STATE = "sync.json"
 UPLOAD_HISTORY = "uploads.jsonl"
 LOGS = "logs"

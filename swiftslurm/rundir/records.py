@@ -20,7 +20,7 @@ from swiftslurm.rundir.jsonio import (
     sync_filesystems,
     write_json_atomic,
 )
-from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, JOB, OPEN_ATTEMPT, STATUS, node_result
+from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, JOB, OPEN_ATTEMPT, STATUS, SUBMIT_REFUSED, node_result
 
 
 @dataclass(frozen=True)
@@ -250,6 +250,18 @@ def silent_hosts(attempt_dir: Path, hosts: tuple[str, ...], wait_s: float, poll_
 def record_submission(run_dir: Path, job_id: str, scheduler: str) -> None:
     """The job that now carries the run (a resubmission replaces it)."""
     write_json_atomic(run_dir / JOB, {"job_id": job_id, "scheduler": scheduler, "submitted": time.time()})
+    (run_dir / SUBMIT_REFUSED).unlink(missing_ok=True)
+
+
+def record_refused_submission(run_dir: Path, why: str) -> None:
+    """The submission of a written run dir was refused (sbatch, the partition, the object store): `status`
+    says so rather than calling the run a dry run. Nothing is written where the run dir does not exist."""
+    if run_dir.is_dir():
+        write_json_atomic(run_dir / SUBMIT_REFUSED, {"at": round(time.time(), 3), "why": why})
+
+
+def read_refused_submission(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(run_dir / SUBMIT_REFUSED)
 
 
 def record_submissions(jobs: list[tuple[Path, str]], scheduler: str) -> None:
@@ -258,6 +270,7 @@ def record_submissions(jobs: list[tuple[Path, str]], scheduler: str) -> None:
     now = time.time()
     for run_dir, job_id in jobs:
         write_json_atomic(run_dir / JOB, {"job_id": job_id, "scheduler": scheduler, "submitted": now}, durable=False)
+        (run_dir / SUBMIT_REFUSED).unlink(missing_ok=True)
     sync_filesystems([run_dir for run_dir, _ in jobs])
 
 

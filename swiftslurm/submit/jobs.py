@@ -5,19 +5,23 @@ Submissions go through submitit; every other SLURM command goes through ``swifts
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import slurm as slurm_cli
-from swiftslurm.errors import ConfigError, SubmitError
+from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
+from swiftslurm.node.decide import one_line
 from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.planning.validate import NO_TIME_LIMIT
 from swiftslurm.render import render_sbatch, task_count_lines
 from swiftslurm.rundir import layout as rundir
+from swiftslurm.rundir import records
 from swiftslurm.rundir.jsonio import write_text_atomic
 
 if TYPE_CHECKING:
@@ -218,17 +222,36 @@ def check_storage(plan: JobPlan) -> None:
             check_identity(store.manifest(step), plan.identity(), store.key(step), error=ConfigError)
 
 
-def submit(plan: JobPlan) -> submitit.Job[Any]:
-    """Submit the prepared run directory; the job runs swiftslurm.node on every node."""
-    from swiftslurm.node.supervise import submitit_entry
-
+def check_submission(plan: JobPlan) -> None:
+    """What SLURM and the object store would refuse, asked before the run dir is written: a refused run then
+    leaves nothing behind."""
     check_cluster(plan)
     check_storage(plan)
-    executor = make_executor(plan)
+
+
+def submit(plan: JobPlan) -> submitit.Job[Any]:
+    """Submit the prepared run directory; the job runs swiftslurm.node on every node. A refusal is recorded in
+    the run dir (status says so) and raised."""
+    from swiftslurm.node.supervise import submitit_entry
+
+    with refusals_recorded([plan]):
+        check_submission(plan)
+        executor = make_executor(plan)
+        try:
+            return executor.submit(submitit_entry, plan.run_dir)
+        except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
+            raise SubmitError(f"Submission failed: {err}".strip()) from err
+
+
+@contextlib.contextmanager
+def refusals_recorded(plans: list[JobPlan]) -> Iterator[None]:
+    """A submission refused (SLURM, the partition, the object store): each run dir says so, then it is raised."""
     try:
-        return executor.submit(submitit_entry, plan.run_dir)
-    except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
-        raise SubmitError(f"Submission failed: {err}".strip()) from err
+        yield
+    except SwiftSlurmError as err:
+        for plan in plans:
+            records.record_refused_submission(Path(plan.run_dir), one_line(str(err), limit=500))
+        raise
 
 
 def allocation_key(plan: JobPlan) -> str:
@@ -245,12 +268,13 @@ def submit_array(plans: list[JobPlan], folder: Path, parallelism: int) -> list[s
     first = plans[0]
     if len({allocation_key(p) for p in plans}) > 1:
         raise SubmitError("an array's runs must ask for the same allocation; submit them as separate jobs.")
-    check_cluster(first)
-    for plan in plans:
-        check_storage(plan)
-    executor = make_executor(first, folder)
-    executor.update_parameters(slurm_array_parallelism=parallelism)
-    try:
-        return list(executor.map_array(submitit_entry, [p.run_dir for p in plans]))
-    except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
-        raise SubmitError(f"Submission failed: {err}".strip()) from err
+    with refusals_recorded(plans):
+        check_cluster(first)
+        for plan in plans:
+            check_storage(plan)
+        executor = make_executor(first, folder)
+        executor.update_parameters(slurm_array_parallelism=parallelism)
+        try:
+            return list(executor.map_array(submitit_entry, [p.run_dir for p in plans]))
+        except Exception as err:  # submitit raises plain exceptions carrying sbatch's stderr
+            raise SubmitError(f"Submission failed: {err}".strip()) from err

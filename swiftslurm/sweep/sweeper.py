@@ -24,6 +24,7 @@ import itertools
 import pickle
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
 from swiftslurm.rundir.jsonio import sync_filesystems
 from swiftslurm.rundir.layout import SUBMITIT
+from swiftslurm.rundir.records import read_refused_submission, record_refused_submission
 from swiftslurm.rundir.sweepdir import record_points
 from swiftslurm.submit import jobs as submit
 from swiftslurm.sweep.callback import HYDRA_RECORD, not_submitted
@@ -293,14 +295,18 @@ def submit_points(sweep_dir: Path, items: list[Planned]) -> int:
         else:
             singles.append(item)
     done: set[str] = set()  # run dirs submitted
+    started = time.time()
     try:
         for (_, parallelism), members in arrays.items():
             submit_array(sweep_dir, members, parallelism)
             done.update(item.plan.run_dir for item in members)
         return sum(submit_single(sweep_dir, item, done) for item in singles)
     except SubmitError as err:
-        names = [item.plan.run_name for item in items if item.plan.run_dir not in done]
-        raise not_submitted(err, names, sweep_dir) from err
+        left = [item for item in items if item.plan.run_dir not in done]
+        for item in left:  # the refused point's run dir says so already; the ones never tried say why
+            if float((read_refused_submission(Path(item.plan.run_dir)) or {"at": 0})["at"]) < started:
+                record_refused_submission(Path(item.plan.run_dir), f"not tried: an earlier point's was refused ({err})")
+        raise not_submitted(err, [item.plan.run_name for item in left], sweep_dir) from err
 
 
 def submit_array(sweep_dir: Path, members: list[Planned], parallelism: int) -> None:

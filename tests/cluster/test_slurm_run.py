@@ -131,6 +131,14 @@ def sbatch(run_dir: Path) -> str:
     return job.stdout.strip().split(";")[0]
 
 
+def shown_status(run_dir: Path, cwd: Path) -> tuple[str, str]:
+    """The state and job `swiftslurm status --json` shows for the run."""
+    done = swiftslurm("status", str(run_dir), "--json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    [run] = json.loads(done.stdout)["runs"]
+    return run["state"], run["job_id"]
+
+
 def test_a_second_sbatch_of_one_run_dir_stops_without_touching_it_and_the_first_finishes(
     tmp_path: Path, slurm_cluster: None
 ) -> None:
@@ -165,6 +173,7 @@ def test_a_second_sbatch_of_one_run_dir_stops_without_touching_it_and_the_first_
         assert not (run_dir / "output" / "quarantine").exists()
         assert set(output_before) <= {p.name for p in (run_dir / "output").iterdir()}  # nothing pruned or moved
         assert [r["job_id"] for r in attempts(run_dir)] == []  # the first's open attempt was not closed as lost
+        assert shown_status(run_dir, tmp_path) == ("running", first)  # the refused job is not the run's job
         (run_dir / GATE_FILE).touch()
         assert wait_for_job(first) == "COMPLETED"
     finally:
@@ -173,6 +182,7 @@ def test_a_second_sbatch_of_one_run_dir_stops_without_touching_it_and_the_first_
     [record] = attempts(run_dir)
     assert (record["job_id"], record["reason"], record["decision"]) == (first, "finished", "done"), record
     assert status(run_dir)["state"] == "finished"
+    assert shown_status(run_dir, tmp_path) == ("finished", first)
     committed = sorted(p.name for p in (run_dir / "output").glob("checkpoint-*") if (p / MANIFEST).is_file())
     assert committed == ["checkpoint-30", "checkpoint-40"]  # keep_checkpoints=2, pruned by the leader only
     assert not (run_dir / "output" / "quarantine").exists()

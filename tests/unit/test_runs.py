@@ -139,6 +139,32 @@ def test_a_run_submitted_by_hand_whose_wrapper_never_started_points_at_slurms_ou
     )
 
 
+def test_a_job_refused_the_lease_never_becomes_the_runs_job(tmp_path: Path) -> None:
+    """`sbatch RUN_DIR/job.sbatch` a second time while job 10 leads: job 11's wrapper is refused the lease and
+    ends (SLURM: FAILED). Status showed the live run `failed`, job 11, because job 11's output file was the
+    newest in logs/; the run is job 10's, running, then finished, whatever job 11 did."""
+    from swiftslurm.rundir import lease
+    from swiftslurm.rundir.records import write_status
+    from swiftslurm.slurm_env import SlurmEnv
+
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": "r"}))
+    (run_dir / "logs" / "slurm-10.out").write_text("")
+    holder = SlurmEnv(job_id="10", hosts=("n1",), node_id=0, num_nodes=1, proc_id=0, num_tasks=1, restart_count=0)
+    assert isinstance(lease.acquire(run_dir, holder, "10", alive=lambda job: True), lease.Lease)
+    write_status(run_dir, "running", job_id="10", attempt="10")
+    (run_dir / "logs" / "slurm-11.out").write_text("[swiftslurm] job 11 does not lead ...: job 10 holds the lease\n")
+    (run_dir / "logs" / "11").mkdir()
+    (run_dir / "logs" / "11" / "resume.json").write_text(json.dumps({"error": "job 11 does not lead"}))
+
+    live = gather(run_dir, SlurmView(available=True, states={"10": "RUNNING", "11": "FAILED"}))
+    assert (live.state, live.job_id) == ("running", "10"), live
+    write_status(run_dir, "finished", job_id="10")
+    done = gather(run_dir, SlurmView(available=True, states={"10": "COMPLETED", "11": "FAILED"}))
+    assert (done.state, done.job_id) == ("finished", "10"), done
+
+
 def test_a_resubmitted_run_is_not_hidden_by_the_earlier_jobs_final_state(tmp_path: Path) -> None:
     """`resume` after a cancel: status.json still holds the old job's `cancelled` until the new job's wrapper
     writes; the run is the new job's (pending, running), or `logs -f` right after `resume` ends at once."""
