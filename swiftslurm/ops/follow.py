@@ -18,7 +18,7 @@ from typing import TextIO
 
 from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView
 from swiftslurm.rundir.layout import NODE_LOG, logs_dir, node_logs
-from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_status
 
 FOLLOW_POLL_S = 1.0
 # An ms-swift record whose value is a repr spanning many lines: `[INFO:swift] args: SftArguments(` is ~330
@@ -115,14 +115,10 @@ class LogView:
             if self.shown is not None:
                 self.emit(self.read(self.shown, final=True))
             if newest is not None and announce:
-                self.say(f"attempt {newest.name} started{self._after_what()}")
+                self.say(announcement(newest.name, read_attempts(self.run_dir)))
             self.shown = newest
         if self.shown is not None:
             self.emit(self.read(self.shown, final))
-
-    def _after_what(self) -> str:
-        ended = read_attempts(self.run_dir)
-        return f" (the one before: {ended[-1].reason} → {ended[-1].decision})" if ended else ""
 
     def read(self, attempt: Path, final: bool) -> list[str]:
         lines = []
@@ -139,6 +135,23 @@ class LogView:
 
     def say(self, text: str) -> None:
         print(f"[swiftslurm logs] {text}", file=self.out, flush=True)
+
+
+def announcement(attempt: str, recorded: list[AttemptRecord]) -> str:
+    """`attempt X started (the one before: reason → decision)` as an attempt comes into view. The one before is
+    the record that precedes X's own in attempts.jsonl, or the last record while X has none; the first attempt
+    has none. X already recorded (it ended before `logs -f` saw it) reads `attempt X (ended: ...; the one
+    before: ...)`."""
+    ids = [r.attempt for r in recorded]
+    own = recorded[ids.index(attempt)] if attempt in ids else None
+    before = recorded[: ids.index(attempt)] if own else recorded
+    said = [f"ended: {_outcome(own)}"] if own else []
+    said += [f"the one before: {_outcome(before[-1])}"] if before else []
+    return f"attempt {attempt}" + ("" if own else " started") + (f" ({'; '.join(said)})" if said else "")
+
+
+def _outcome(record: AttemptRecord) -> str:
+    return f"{record.reason} → {record.decision}"
 
 
 def show_logs(

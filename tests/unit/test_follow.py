@@ -194,3 +194,59 @@ def test_a_waited_sweep_with_a_point_never_submitted_does_not_wait_forever(tmp_p
 
     facts, _ = watch_points(tmp_path / "sweep", lambda p: status.collect(p, use_slurm=False), never, io.StringIO())
     assert [f.state for f in facts] == ["planned"]
+
+
+def follow(run_dir: Path, pause: Callable[[], None] = lambda: None) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = show_logs(run_dir, ops.facts_of, follow=True, out=out, pause=pause)
+    return code, out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "state", "announced"),
+    [
+        # One attempt, cancelled and recorded before `logs -f` first looked: there is no attempt before it.
+        ([("44", "cancelled", "stop")], "cancelled", "attempt 44 (ended: cancelled → stop)"),
+        # After `resume`: the new attempt ended before `logs -f` first looked; before it, the cancelled one.
+        (
+            [("44", "cancelled", "stop"), ("45", "finished", "done")],
+            "finished",
+            "attempt 45 (ended: finished → done; the one before: cancelled → stop)",
+        ),
+    ],
+)
+def test_logs_follow_names_the_attempt_before_the_one_shown_not_the_last_record(
+    tmp_path: Path, recorded: list[tuple[str, str, str]], state: str, announced: str
+) -> None:
+    run_dir = make_run(tmp_path / "run")
+    for attempt_id, reason, decision in recorded:
+        log(run_dir, attempt_id, f"trained in {attempt_id}")
+        records.append_attempt(run_dir, AttemptRecord(attempt_id, reason=reason, decision=decision))
+    records.write_status(run_dir, state, attempt=recorded[-1][0])
+    _, lines = follow(run_dir)
+    assert lines[0] == f"[swiftslurm logs] {announced}"
+
+
+def test_logs_follow_does_not_take_a_new_attempts_own_record_for_its_predecessors(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    records.write_status(run_dir, "running", attempt="44")
+    log(run_dir, "44", "step 1")
+    step, result = Lockstep(), []
+    follower = threading.Thread(target=lambda: result.append(follow(run_dir, step.pause)))
+    follower.start()
+
+    def requeued_and_finished_between_two_looks() -> None:
+        records.append_attempt(run_dir, AttemptRecord("44", reason="preempted", decision="requeue"))
+        log(run_dir, "44.r1", "step 2")
+        records.append_attempt(run_dir, AttemptRecord("44.r1", reason="finished", decision="done"))
+        records.write_status(run_dir, "finished", attempt="44.r1", why="reached max_steps")
+
+    step.then(requeued_and_finished_between_two_looks)
+    follower.join(timeout=120)
+    assert result and result[0][1] == [
+        "[swiftslurm logs] attempt 44 started",
+        "[44/node0] step 1",
+        "[swiftslurm logs] attempt 44.r1 (ended: finished → done; the one before: preempted → requeue)",
+        "[44.r1/node0] step 2",
+        "[swiftslurm logs] run finished: reached max_steps",
+    ]
