@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView
-from swiftslurm.rundir.layout import NODE_LOG, logs_dir, node_logs
-from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_status
+from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, submission
+from swiftslurm.rundir.layout import NODE_LOG, logs_dir, node_logs, slurm_log, submitit_dir, submitit_logs
+from swiftslurm.rundir.records import SUBMITIT_DIR, AttemptRecord, read_attempts, read_status
 
 FOLLOW_POLL_S = 1.0
 # An ms-swift record whose value is a repr spanning many lines: `[INFO:swift] args: SftArguments(` is ~330
@@ -97,9 +97,28 @@ def _newest(attempts: list[Path]) -> Path:
     return max(attempts, key=lambda d: d.stat().st_mtime)
 
 
+def wrapper_logs(run_dir: Path) -> list[tuple[int | None, str, Path]]:
+    """What the wrappers of the run's current job printed (restores, uploads, decisions, a crash before any
+    attempt began), as (node, label, file): submitit's stdout and stderr of each node (in the run dir's
+    submitit/, or the sweep dir's one job.json names for a job array's task), and SLURM's output of a job
+    submitted by hand, where every node's lines are in one file (node None)."""
+    job = submission(run_dir)
+    job_id = str(job.get("job_id") or "")
+    if not job_id:
+        return []
+    folder = Path(job.get(SUBMITIT_DIR) or submitit_dir(run_dir))
+    found: list[tuple[int | None, str, Path]] = [
+        (task, f"wrapper/node{task}" + ("/stderr" if stream == "err" else ""), path)
+        for task, stream, path in submitit_logs(folder, job_id)
+    ]
+    by_hand = slurm_log(logs_dir(run_dir), job_id)
+    return found + ([(None, "wrapper", by_hand)] if by_hand.is_file() else [])
+
+
 @dataclass
 class LogView:
-    """What `logs` has shown of a run so far: the attempt being shown and how far each node log was read."""
+    """What `logs` has shown of a run so far: the attempt being shown and how far each log was read (the
+    attempt's node logs, and its job's wrapper output, which spans the job's attempts)."""
 
     run_dir: Path
     node: int | None
@@ -109,7 +128,8 @@ class LogView:
     readers: dict[Path, LogReader] = field(default_factory=dict)
 
     def step(self, final: bool, announce: bool) -> None:
-        """Print what is new; a newer attempt is switched to after the old one's last lines."""
+        """Print what is new, the wrappers' lines before the node logs'; a newer attempt is switched to after
+        the old one's last lines."""
         newest = current_attempt(self.run_dir)
         if newest != self.shown:
             if self.shown is not None:
@@ -117,17 +137,26 @@ class LogView:
             if newest is not None and announce:
                 self.say(announcement(newest.name, read_attempts(self.run_dir)))
             self.shown = newest
+        self.emit(self.read_wrappers(final))
         if self.shown is not None:
             self.emit(self.read(self.shown, final))
+
+    def read_wrappers(self, final: bool) -> list[str]:
+        lines = []
+        for node, label, path in wrapper_logs(self.run_dir):
+            if self.node is None or node in (None, self.node):
+                lines += self.reader(path, f"[{label}] ").read(final)
+        return lines
 
     def read(self, attempt: Path, final: bool) -> list[str]:
         lines = []
         for log in node_logs(attempt):
             if self.node is None or log.name == NODE_LOG.format(node=self.node):
-                prefix = f"[{attempt.name}/{log.stem}] "
-                reader = self.readers.setdefault(log, LogReader(log, prefix, Folder(self.verbose)))
-                lines += reader.read(final)
+                lines += self.reader(log, f"[{attempt.name}/{log.stem}] ").read(final)
         return lines
+
+    def reader(self, path: Path, prefix: str) -> LogReader:
+        return self.readers.setdefault(path, LogReader(path, prefix, Folder(self.verbose)))
 
     def emit(self, lines: list[str]) -> None:
         for line in lines:
