@@ -1,5 +1,6 @@
-"""Feedback while a command reads a run or waits for it: `swiftslurm logs` (the current attempt's node logs,
-ms-swift's multi-line dumps folded to one line, `-f` naming each attempt as it starts and the run's end state)
+"""Feedback while a command reads a run or waits for it: `swiftslurm logs` (the current attempt's node logs and
+its job's wrapper output, ms-swift's multi-line dumps folded to one line, `-f` naming each attempt as it starts
+and the run's end state)
 and `wait=true` sweeps (a line whenever a point changes state, instead of silence until the final table).
 
 What to wait with (`pause`) and where the state comes from (`facts_of`, `collect`) are passed in: the
