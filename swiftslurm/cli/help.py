@@ -18,7 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "swiftslurm.ops.status",
         "runs' state, steps, loss, goodput: a run dir, a sweep dir or a folder of runs",
     ),
-    "logs": ("swiftslurm.ops.control", "a run's node logs; -f follows them, across requeues, until the run ends"),
+    "logs": (
+        "swiftslurm.ops.control",
+        "a run's node and wrapper logs; -f follows them, across requeues, until the run ends",
+    ),
     "cancel": (
         "swiftslurm.ops.control",
         "stop a run (or every point of a sweep dir) for good, saving the current step",

@@ -211,7 +211,7 @@ def _lead(a: Attempt) -> str | None:
 def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:
     """Run the checks on every node; node 0 gets the first failure of the whole allocation (None: passed)."""
     result = preflight.run(preflight.context(run_dir, where, attempt, None, None))
-    print(preflight.show(result), flush=True)  # the table goes to SLURM's output; the verdict to the node log
+    print(preflight.show(result), flush=True)  # the table goes to the wrapper's output; the verdict to the node log
     if not isinstance(result, preflight_checks.Report):
         return None
     records.note_in_log(node_log(attempt_dir(run_dir, attempt), where.node_id), preflight_checks.verdict(result))

@@ -196,8 +196,9 @@ def _wait_for_choice(
         if (silence := leader_silence(beat, time.time(), waiting_since)) is not None:
             raise NodeError(
                 f"{silence}; it has not published {path}, this node stops waiting. HINT: node 0's log "
-                f"{node_log(path.parent, 0)} and logs/slurm-<job id>.out say why; the next attempt resumes from "
-                "the newest committed checkpoint."
+                f"{node_log(path.parent, 0)} and its wrapper's output say why (`python -m swiftslurm logs "
+                f"{path.parent.parent.parent} --node 0` shows both); the next attempt resumes from the newest "
+                "committed checkpoint."
             )
         time.sleep(POLL_S)
     if chosen.get("signalled"):

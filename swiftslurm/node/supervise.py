@@ -89,7 +89,8 @@ def exit_code(result: NodeResult) -> int:
 
 
 def _log_to_stdout() -> None:
-    """swiftslurm's own log lines (uploads, restores) go to the node's stdout: SLURM's and submitit's log."""
+    """swiftslurm's own log lines (uploads, restores) go to the node's stdout: submitit's <job>_<node>_log.out, or
+    SLURM's logs/slurm-<job>.out for a job submitted by hand (rundir/layout.py); `swiftslurm logs` shows them."""
     logger = logging.getLogger("swiftslurm")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stdout)

@@ -1,7 +1,8 @@
 """Operating runs: `swiftslurm logs|cancel|resume RUN_OR_SWEEP_DIR` (status: swiftslurm.ops.status).
 
-- logs: the current attempt's node logs, ms-swift's argument dump folded to a line (swiftslurm/ops/follow.py);
-  `--follow` keeps printing, announces each new attempt (a requeue) and ends with the run's end state.
+- logs: the current attempt's node logs and its job's wrapper output, ms-swift's argument dump folded to a line
+  (swiftslurm/ops/follow.py); `--follow` keeps printing, announces each new attempt (a requeue) and ends with the
+  run's end state.
 - cancel: stop for good. Marks the run cancelled (the wrapper then never requeues it); a running job is
   asked to save its current step first (USR2) and given time to record it; then `scancel`. A sweep's (or a
   folder's) runs are cancelled together: one signal to all, one wait, one `scancel`.
@@ -112,7 +113,7 @@ def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swiftslurm", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    logs = commands.add_parser("logs", help="the current attempt's node logs")
+    logs = commands.add_parser("logs", help="the current attempt's node logs and its job's wrapper output")
     logs.add_argument("run_dir", type=Path)
     logs.add_argument("--node", type=int, help="only this node (0 = the leader)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep following until the run ends")

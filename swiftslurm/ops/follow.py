@@ -1,5 +1,6 @@
-"""Feedback while a command reads a run or waits for it: `swiftslurm logs` (the current attempt's node logs,
-ms-swift's multi-line dumps folded to one line, `-f` naming each attempt as it starts and the run's end state)
+"""Feedback while a command reads a run or waits for it: `swiftslurm logs` (the current attempt's node logs and
+its job's wrapper output, ms-swift's multi-line dumps folded to one line, `-f` naming each attempt as it starts
+and the run's end state)
 and `wait=true` sweeps (a line whenever a point changes state, instead of silence until the final table).
 
 What to wait with (`pause`) and where the state comes from (`facts_of`, `collect`) are passed in: the
@@ -16,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView
-from swiftslurm.rundir.layout import NODE_LOG, logs_dir, node_logs
-from swiftslurm.rundir.records import read_attempts, read_status
+from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, submission
+from swiftslurm.rundir.layout import NODE_LOG, logs_dir, node_logs, slurm_log, submitit_dir, submitit_logs
+from swiftslurm.rundir.records import SUBMITIT_DIR, AttemptRecord, read_attempts, read_status
 
 FOLLOW_POLL_S = 1.0
 # An ms-swift record whose value is a repr spanning many lines: `[INFO:swift] args: SftArguments(` is ~330
@@ -97,9 +98,28 @@ def _newest(attempts: list[Path]) -> Path:
     return max(attempts, key=lambda d: d.stat().st_mtime)
 
 
+def wrapper_logs(run_dir: Path) -> list[tuple[int | None, str, Path]]:
+    """What the wrappers of the run's current job printed (restores, uploads, decisions, a crash before any
+    attempt began), as (node, label, file): submitit's stdout and stderr of each node (in the run dir's
+    submitit/, or the sweep dir's one job.json names for a job array's task), and SLURM's output of a job
+    submitted by hand, where every node's lines are in one file (node None)."""
+    job = submission(run_dir)
+    job_id = str(job.get("job_id") or "")
+    if not job_id:
+        return []
+    folder = Path(job.get(SUBMITIT_DIR) or submitit_dir(run_dir))
+    found: list[tuple[int | None, str, Path]] = [
+        (task, f"wrapper/node{task}" + ("/stderr" if stream == "err" else ""), path)
+        for task, stream, path in submitit_logs(folder, job_id)
+    ]
+    by_hand = slurm_log(logs_dir(run_dir), job_id)
+    return found + ([(None, "wrapper", by_hand)] if by_hand.is_file() else [])
+
+
 @dataclass
 class LogView:
-    """What `logs` has shown of a run so far: the attempt being shown and how far each node log was read."""
+    """What `logs` has shown of a run so far: the attempt being shown and how far each log was read (the
+    attempt's node logs, and its job's wrapper output, which spans the job's attempts)."""
 
     run_dir: Path
     node: int | None
@@ -109,29 +129,35 @@ class LogView:
     readers: dict[Path, LogReader] = field(default_factory=dict)
 
     def step(self, final: bool, announce: bool) -> None:
-        """Print what is new; a newer attempt is switched to after the old one's last lines."""
+        """Print what is new, the wrappers' lines before the node logs'; a newer attempt is switched to after
+        the old one's last lines."""
         newest = current_attempt(self.run_dir)
         if newest != self.shown:
             if self.shown is not None:
                 self.emit(self.read(self.shown, final=True))
             if newest is not None and announce:
-                self.say(f"attempt {newest.name} started{self._after_what()}")
+                self.say(announcement(newest.name, read_attempts(self.run_dir)))
             self.shown = newest
+        self.emit(self.read_wrappers(final))
         if self.shown is not None:
             self.emit(self.read(self.shown, final))
 
-    def _after_what(self) -> str:
-        ended = read_attempts(self.run_dir)
-        return f" (the one before: {ended[-1].reason} → {ended[-1].decision})" if ended else ""
+    def read_wrappers(self, final: bool) -> list[str]:
+        lines = []
+        for node, label, path in wrapper_logs(self.run_dir):
+            if self.node is None or node in (None, self.node):
+                lines += self.reader(path, f"[{label}] ").read(final)
+        return lines
 
     def read(self, attempt: Path, final: bool) -> list[str]:
         lines = []
         for log in node_logs(attempt):
             if self.node is None or log.name == NODE_LOG.format(node=self.node):
-                prefix = f"[{attempt.name}/{log.stem}] "
-                reader = self.readers.setdefault(log, LogReader(log, prefix, Folder(self.verbose)))
-                lines += reader.read(final)
+                lines += self.reader(log, f"[{attempt.name}/{log.stem}] ").read(final)
         return lines
+
+    def reader(self, path: Path, prefix: str) -> LogReader:
+        return self.readers.setdefault(path, LogReader(path, prefix, Folder(self.verbose)))
 
     def emit(self, lines: list[str]) -> None:
         for line in lines:
@@ -139,6 +165,23 @@ class LogView:
 
     def say(self, text: str) -> None:
         print(f"[swiftslurm logs] {text}", file=self.out, flush=True)
+
+
+def announcement(attempt: str, recorded: list[AttemptRecord]) -> str:
+    """`attempt X started (the one before: reason → decision)` as an attempt comes into view. The one before is
+    the record that precedes X's own in attempts.jsonl, or the last record while X has none; the first attempt
+    has none. X already recorded (it ended before `logs -f` saw it) reads `attempt X (ended: ...; the one
+    before: ...)`."""
+    ids = [r.attempt for r in recorded]
+    own = recorded[ids.index(attempt)] if attempt in ids else None
+    before = recorded[: ids.index(attempt)] if own else recorded
+    said = [f"ended: {_outcome(own)}"] if own else []
+    said += [f"the one before: {_outcome(before[-1])}"] if before else []
+    return f"attempt {attempt}" + ("" if own else " started") + (f" ({'; '.join(said)})" if said else "")
+
+
+def _outcome(record: AttemptRecord) -> str:
+    return f"{record.reason} → {record.decision}"
 
 
 def show_logs(

@@ -17,7 +17,8 @@
       submit_refused.json  the latest submission was refused, and why; removed by the next one that goes through
       sync.json          object storage: what is uploaded, what failed
       uploads.jsonl      a line per upload, by storage/uploader.py (when, how long, how much)
-      logs/slurm-%j.out  SLURM's output of the batch script
+      logs/slurm-%j.out  SLURM's output of a job submitted by hand (`sbatch job.sbatch`): the batch script's
+                         and every node's wrapper (stdout and stderr, all nodes in one file)
       logs/<attempt>/    node<N>.log (the trainer's output), node<N>.json (its result), resume.json,
                          leader.json (node 0's heartbeat until resume.json is written), hang.json (the
                          watchdog found the run hung: when, at which step, the window), stacks/rank<R>.txt
@@ -40,7 +41,10 @@
                          (a checkpoint's manifest is named by ckpt/checkpoint.py, with the commit format)
       reserve/node<N>    disk space node N's wrapper holds while its trainer runs, released for the records
                          when the trainer ends (rundir/reserve.py)
-      submitit/          submitit's own files
+      submitit/          submitit's own files; among them <job>_<task>_log.out and .err (SUBMITIT_OUT,
+                         SUBMITIT_ERR): what node <task>'s wrapper printed (restores, uploads, decisions, a crash
+                         before any attempt began). A job array's are in its sweep dir's submitit/ (job.json
+                         names it), its tasks' job ids `<array>_<index>`.
       replaced/<time>/   the files of an earlier run of this dir, planned with other settings, that committed
                          nothing: set aside when the dir was planned again in place (submit/jobs.py)
 
@@ -91,6 +95,8 @@ DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore'
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"
 REPLACED = "replaced"  # <UTC time>/: an earlier run planned with other settings that committed nothing
+SUBMITIT_OUT = "{job}_{task}_log.out"  # in submitit/: the stdout of task <task> (node <task>'s wrapper) of a job
+SUBMITIT_ERR = "{job}_{task}_log.err"  # in submitit/: its stderr
 RESERVE = "reserve"  # disk space held for the records while the trainer runs (rundir/reserve.py)
 RESERVE_FILE = "node{node}"  # in reserve/
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/
@@ -211,3 +217,22 @@ def reserve_file(run_dir: Path, node: int) -> Path:
 def slurm_log(folder: Path, job_id: str) -> Path:
     """SLURM_LOG once SLURM has filled in the job id."""
     return folder / SLURM_LOG.replace("%j", job_id)
+
+
+def submitit_dir(folder: Path) -> Path:
+    """submitit's folder in a run dir (its jobs), or in a sweep dir (its job arrays)."""
+    return folder / SUBMITIT
+
+
+def submitit_logs(folder: Path, job_id: str) -> list[tuple[int, str, Path]]:
+    """submitit's output files of one job in ``folder``: (task, "out" or "err", path), task by task, stdout
+    first. srun starts one task per node, so task N is node N's wrapper. Only this job's: job 12's are not
+    those of job 12_3 (task 3 of array 12) or 120."""
+    found = []
+    for stream, name in (("out", SUBMITIT_OUT), ("err", SUBMITIT_ERR)):
+        head, tail = name.format(job=job_id, task="\0").split("\0")
+        for path in folder.glob(f"{head}*{tail}"):
+            task = path.name[len(head) : -len(tail)]
+            if task.isdigit():
+                found.append((int(task), stream, path))
+    return sorted(found, key=lambda f: (f[0], f[1] == "err"))

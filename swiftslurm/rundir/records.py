@@ -264,12 +264,18 @@ def read_refused_submission(run_dir: Path) -> dict[str, Any] | None:
     return read_json(run_dir / SUBMIT_REFUSED)
 
 
-def record_submissions(jobs: list[tuple[Path, str]], scheduler: str) -> None:
-    """record_submission for many runs (a job array): each job.json whole or absent (temp file, rename), and
-    one sync for all of them instead of two fsyncs per run."""
+# job.json's key for a job whose submitit files are not in its run dir's submitit/ (a job array's task).
+SUBMITIT_DIR = "submitit_dir"
+
+
+def record_submissions(jobs: list[tuple[Path, str]], scheduler: str, submitit: Path | None = None) -> None:
+    """record_submission for many runs (a job array, whose submitit files are in ``submitit``): each job.json
+    whole or absent (temp file, rename), and one sync for all of them instead of two fsyncs per run."""
     now = time.time()
+    where = {SUBMITIT_DIR: str(submitit)} if submitit else {}
     for run_dir, job_id in jobs:
-        write_json_atomic(run_dir / JOB, {"job_id": job_id, "scheduler": scheduler, "submitted": now}, durable=False)
+        job = {"job_id": job_id, "scheduler": scheduler, "submitted": now, **where}
+        write_json_atomic(run_dir / JOB, job, durable=False)
         (run_dir / SUBMIT_REFUSED).unlink(missing_ok=True)
     sync_filesystems([run_dir for run_dir, _ in jobs])
 

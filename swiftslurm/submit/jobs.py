@@ -187,7 +187,7 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
 def make_executor(plan: JobPlan, folder: Path | None = None) -> submitit.AutoExecutor:
     import submitit
 
-    folder = folder or Path(plan.run_dir) / rundir.SUBMITIT
+    folder = folder or rundir.submitit_dir(Path(plan.run_dir))
     if plan.scheduler == "local":
         executor = submitit.AutoExecutor(folder=folder, cluster="local")
     else:

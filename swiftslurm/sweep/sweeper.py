@@ -39,7 +39,7 @@ from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, 
 from swiftslurm.plan import JobPlan
 from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
 from swiftslurm.rundir.jsonio import sync_filesystems
-from swiftslurm.rundir.layout import SUBMITIT
+from swiftslurm.rundir.layout import submitit_dir
 from swiftslurm.rundir.records import read_refused_submission, record_refused_submission
 from swiftslurm.rundir.sweepdir import record_points
 from swiftslurm.submit import jobs as submit
@@ -313,8 +313,9 @@ def submit_array(sweep_dir: Path, members: list[Planned], parallelism: int) -> N
     from swiftslurm.rundir.records import record_submissions
 
     plans = [item.plan for item in members]
-    jobs = [str(job.job_id) for job in submit.submit_array(plans, sweep_dir / SUBMITIT, parallelism)]
-    record_submissions([(Path(plan.run_dir), job) for plan, job in zip(plans, jobs, strict=True)], "slurm")
+    folder = submitit_dir(sweep_dir)
+    jobs = [str(job.job_id) for job in submit.submit_array(plans, folder, parallelism)]
+    record_submissions([(Path(plan.run_dir), job) for plan, job in zip(plans, jobs, strict=True)], "slurm", folder)
     record_points(sweep_dir, [item.record("submitted", job) for item, job in zip(members, jobs, strict=True)])
     print(f"submitted {len(jobs)} point(s) as job array(s) {sorted({j.split('_')[0] for j in jobs})}", flush=True)
 

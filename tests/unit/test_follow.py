@@ -20,7 +20,7 @@ import pytest
 
 from swiftslurm.node import attempt
 from swiftslurm.ops import control as ops
-from swiftslurm.ops import status
+from swiftslurm.ops import runs, status
 from swiftslurm.ops.follow import Folder, current_attempt, show_logs, watch_points
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import gather as preflight
@@ -194,3 +194,191 @@ def test_a_waited_sweep_with_a_point_never_submitted_does_not_wait_forever(tmp_p
 
     facts, _ = watch_points(tmp_path / "sweep", lambda p: status.collect(p, use_slurm=False), never, io.StringIO())
     assert [f.state for f in facts] == ["planned"]
+
+
+def follow(run_dir: Path, pause: Callable[[], None] = lambda: None) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = show_logs(run_dir, ops.facts_of, follow=True, out=out, pause=pause)
+    return code, out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "state", "announced"),
+    [
+        # One attempt, cancelled and recorded before `logs -f` first looked: there is no attempt before it.
+        ([("44", "cancelled", "stop")], "cancelled", "attempt 44 (ended: cancelled → stop)"),
+        # After `resume`: the new attempt ended before `logs -f` first looked; before it, the cancelled one.
+        (
+            [("44", "cancelled", "stop"), ("45", "finished", "done")],
+            "finished",
+            "attempt 45 (ended: finished → done; the one before: cancelled → stop)",
+        ),
+    ],
+)
+def test_logs_follow_names_the_attempt_before_the_one_shown_not_the_last_record(
+    tmp_path: Path, recorded: list[tuple[str, str, str]], state: str, announced: str
+) -> None:
+    run_dir = make_run(tmp_path / "run")
+    for attempt_id, reason, decision in recorded:
+        log(run_dir, attempt_id, f"trained in {attempt_id}")
+        records.append_attempt(run_dir, AttemptRecord(attempt_id, reason=reason, decision=decision))
+    records.write_status(run_dir, state, attempt=recorded[-1][0])
+    _, lines = follow(run_dir)
+    assert lines[0] == f"[swiftslurm logs] {announced}"
+
+
+def test_logs_follow_does_not_take_a_new_attempts_own_record_for_its_predecessors(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    records.write_status(run_dir, "running", attempt="44")
+    log(run_dir, "44", "step 1")
+    step, result = Lockstep(), []
+    follower = threading.Thread(target=lambda: result.append(follow(run_dir, step.pause)))
+    follower.start()
+
+    def requeued_and_finished_between_two_looks() -> None:
+        records.append_attempt(run_dir, AttemptRecord("44", reason="preempted", decision="requeue"))
+        log(run_dir, "44.r1", "step 2")
+        records.append_attempt(run_dir, AttemptRecord("44.r1", reason="finished", decision="done"))
+        records.write_status(run_dir, "finished", attempt="44.r1", why="reached max_steps")
+
+    step.then(requeued_and_finished_between_two_looks)
+    follower.join(timeout=120)
+    assert result and result[0][1] == [
+        "[swiftslurm logs] attempt 44 started",
+        "[44/node0] step 1",
+        "[swiftslurm logs] attempt 44.r1 (ended: finished → done; the one before: preempted → requeue)",
+        "[44.r1/node0] step 2",
+        "[swiftslurm logs] run finished: reached max_steps",
+    ]
+
+
+def wrapper_output(folder: Path, name: str, *lines: str, end: str = "\n") -> None:
+    """What a wrapper printed: submitit's (or SLURM's) output file ``name`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "a") as out:
+        out.write(end.join(lines) + end)
+
+
+def run_dir_only(run_dir: Path) -> runs.RunFacts:
+    return runs.gather(run_dir)  # no SLURM: the run dir alone
+
+
+def test_logs_show_each_nodes_wrapper_output_of_the_current_submitit_job(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    record_submission(run_dir, "44", "slurm")
+    records.write_status(run_dir, "running", attempt="44", job_id="44")
+    log(run_dir, "44", "{'loss': 1.5}")
+    submitit = run_dir / "submitit"
+    wrapper_output(submitit, "43_0_log.out", "[swiftslurm] an earlier job's line")
+    restored = "[swiftslurm] downloaded checkpoint-10: 12 files, 48.3 MiB in 1.2 s (40.1 MiB/s)"
+    wrapper_output(submitit, "44_0_log.out", restored)
+    wrapper_output(submitit, "44_0_log.err", "submitit INFO (2026-01-01 00:00:00,000) - Starting with JobEnvironment")
+    wrapper_output(submitit, "44_1_log.out", "[swiftslurm] uploaded checkpoint-12")
+    out = io.StringIO()
+    assert show_logs(run_dir, run_dir_only, out=out) == 0
+    assert out.getvalue().splitlines() == [
+        f"[wrapper/node0] {restored}",
+        "[wrapper/node0/stderr] submitit INFO (2026-01-01 00:00:00,000) - Starting with JobEnvironment",
+        "[wrapper/node1] [swiftslurm] uploaded checkpoint-12",
+        "[44/node0] {'loss': 1.5}",
+    ]
+    out = io.StringIO()
+    assert show_logs(run_dir, run_dir_only, node=1, out=out) == 0
+    assert out.getvalue().splitlines() == ["[wrapper/node1] [swiftslurm] uploaded checkpoint-12"]
+
+
+@pytest.mark.parametrize("follows", [False, True], ids=["logs", "logs -f"])
+def test_a_wrapper_that_crashed_before_any_attempt_began_is_shown(
+    tmp_path: Path, follows: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path / "run")
+    record_submission(run_dir, "45", "slurm")
+    crash = ["Traceback (most recent call last):", "ModuleNotFoundError: No module named 'swiftslurm'"]
+    wrapper_output(run_dir / "submitit", "45_0_log.err", *crash)
+    slurm_ended = runs.SlurmView(available=True, states={"45": "FAILED"})
+    out = io.StringIO()
+    assert show_logs(run_dir, lambda d: runs.gather(d, slurm_ended), follow=follows, out=out) == 1
+    assert out.getvalue().splitlines() == [f"[wrapper/node0/stderr] {line}" for line in crash]
+    assert "no attempt has started yet (state: failed: job failed without a final record" in capsys.readouterr().err
+
+
+def test_logs_of_a_job_submitted_by_hand_show_slurms_output_file(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")  # `sbatch RUN_DIR/job.sbatch`: no job.json, SLURM's output in logs/
+    said = ["[swiftslurm] job 46 requeued: this attempt ends now", "srun: error: node2: task 1: Terminated"]
+    wrapper_output(run_dir / "logs", "slurm-46.out", *said)
+    records.write_status(run_dir, "running", attempt="46", job_id="46")
+    log(run_dir, "46", "step 1")
+    out = io.StringIO()
+    assert show_logs(run_dir, run_dir_only, out=out) == 0
+    assert out.getvalue().splitlines() == [
+        *(f"[wrapper] {line}" for line in said),
+        "[46/node0] step 1",
+    ]
+
+
+def test_logs_of_a_job_array_task_read_its_own_files_in_the_sweeps_submitit_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from swiftslurm.sweep import sweeper
+
+    points = [make_run(tmp_path / "runs" / f"p{i}", f"p{i}") for i in range(11)]
+    members = [
+        SimpleNamespace(plan=SimpleNamespace(run_dir=str(p)), record=lambda action, job: {"action": action})
+        for p in points
+    ]
+    folders = []
+
+    def submitted(plans: list[object], folder: Path, parallelism: int) -> list[SimpleNamespace]:
+        folders.append(folder)
+        return [SimpleNamespace(job_id=f"12_{i}") for i in range(len(plans))]
+
+    monkeypatch.setattr(sweeper.submit, "submit_array", submitted)
+    sweeper.submit_array(tmp_path / "sweep", members, parallelism=2)  # type: ignore[arg-type]
+    [folder] = folders
+    for job in ("12_1", "12_10", "12"):  # the array's other tasks, and a job 12 of its own
+        wrapper_output(folder, f"{job}_0_log.out", f"[swiftslurm] job {job}")
+    records.write_status(points[1], "running", attempt="12_1", job_id="12_1")
+    out = io.StringIO()
+    assert show_logs(points[1], run_dir_only, out=out) == 0
+    assert out.getvalue().splitlines() == ["[wrapper/node0] [swiftslurm] job 12_1"]
+
+
+def test_logs_follow_interleaves_wrapper_and_node_lines_as_they_are_written(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    record_submission(run_dir, "47", "slurm")
+    submitit = run_dir / "submitit"
+    wrapper_output(submitit, "47_0_log.out", "[swiftslurm] downloading checkpoint-10")
+    out, step, result = io.StringIO(), Lockstep(), []
+    follower = threading.Thread(
+        target=lambda: result.append(show_logs(run_dir, run_dir_only, follow=True, out=out, pause=step.pause))
+    )
+    follower.start()
+
+    def restored_and_training() -> None:
+        wrapper_output(submitit, "47_0_log.out", "[swiftslurm] downloaded checkpoint-10")
+        wrapper_output(submitit, "47_0_log.out", "[swiftslurm] upl", end="")  # a line still being written
+        records.write_status(run_dir, "running", attempt="47", job_id="47")
+        log(run_dir, "47", "step 11")
+
+    def saved_and_finished() -> None:
+        wrapper_output(submitit, "47_0_log.out", "oaded checkpoint-12")
+        log(run_dir, "47", "step 12")
+        records.append_attempt(run_dir, AttemptRecord("47", reason="finished", decision="done"))
+        records.write_status(run_dir, "finished", attempt="47", job_id="47", why="reached max_steps")
+
+    step.then(restored_and_training)
+    step.then(saved_and_finished)
+    follower.join(timeout=120)
+    assert result == [0]
+    assert out.getvalue().splitlines() == [
+        "[wrapper/node0] [swiftslurm] downloading checkpoint-10",
+        "[swiftslurm logs] no attempt has started yet (state: pending); waiting for the first one",
+        "[swiftslurm logs] attempt 47 started",
+        "[wrapper/node0] [swiftslurm] downloaded checkpoint-10",
+        "[47/node0] step 11",
+        "[wrapper/node0] [swiftslurm] uploaded checkpoint-12",
+        "[47/node0] step 12",
+        "[swiftslurm logs] run finished: reached max_steps",
+    ]
