@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from swiftslurm.cli.mistakes import to_config
 from swiftslurm.errors import SwiftSlurmError, report
-from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
+from swiftslurm.launch import already_submitted, check_run_dir, dry_run_text, ready_to_submit, wait_for, write_run_dir
 from swiftslurm.planning import memory_plan
 from swiftslurm.planning.config import open_dict_overrides, register_configs
 from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
@@ -38,13 +38,13 @@ def run(cfg: DictConfig) -> int:
 
     config = to_config(cfg)
     plan = make_plan(config, PlanContext(cwd=Path.cwd()))
-    checked = submit.check_run_dir(plan)
+    checked = check_run_dir(plan)
     run_dir = Path(plan.run_dir)
     skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
     if skip is None and not cfg.dry_run:
         submit.check_submission(plan)  # a run SLURM or the store would refuse leaves nothing behind
     if skip is None:  # a run that is not submitted again keeps its run dir as it is
-        submit.write_run_dir(plan, OmegaConf.to_yaml(cfg), checked)
+        write_run_dir(plan, OmegaConf.to_yaml(cfg), checked)
     for note in [*plan_warnings(config, plan), *filter(None, [checked.note(run_dir)])]:
         print(f"swiftslurm: {note}", file=sys.stderr, flush=True)
     if cfg.dry_run:

@@ -6,13 +6,15 @@ Login side only: imports OmegaConf (and submitit when waiting).
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swiftslurm.errors import RunFailed, report
+from swiftslurm.errors import ConfigError, RunFailed, SwiftSlurmError, report
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.submit.report import dry_run_report, result_summary
@@ -20,7 +22,10 @@ from swiftslurm.submit.report import dry_run_report, result_summary
 if TYPE_CHECKING:
     import submitit
 
+    from swiftslurm.ops.waiting import QueueSpot
+
 POLL_S = 2.0
+QUEUE_POLL_S = 10.0  # a pending job's place in the queue is asked this often while `wait=true` waits
 
 
 def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
@@ -39,6 +44,83 @@ def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
     if facts.state in ACTIVE_STATES:
         return f"already {facts.state} as job {facts.job_id}; not submitted again."
     return None
+
+
+@dataclass(frozen=True)
+class RunDirCheck:
+    """What writing a run dir needs, found before anything is written: job.sbatch's text (SLURM), and the
+    settings in which the run the dir holds differs from this plan, when that run may be replaced (it
+    committed nothing and no job of it is queued or running; otherwise the check refuses)."""
+
+    sbatch: str | None
+    replaces: tuple[str, ...] = ()
+
+    def note(self, run_dir: Path) -> str | None:
+        """The line that says the run dir was planned again in place, or None."""
+        if not self.replaces:
+            return None
+        return (
+            f"{run_dir} held a run planned with different settings ({'; '.join(self.replaces)}) that committed "
+            f"no checkpoint: planned again in place; its files are kept in {run_dir / rundir.REPLACED}/."
+        )
+
+
+def check_same_run(plan: JobPlan, existing: Path) -> tuple[str, ...]:
+    """A run dir continues its own run: the settings in which the run it holds differs from ``plan`` (none:
+    the same run). A different run may be replaced only while it has nothing to lose: no committed
+    checkpoint, no job queued or running; otherwise the refusal names the settings that differ."""
+    try:
+        old = JobPlan.load(existing, any_version=True)  # an older swiftslurm's plan is planned again in place
+    except (OSError, ValueError, TypeError) as err:  # half-written, edited by hand, or not a file
+        raise ConfigError(
+            f"run_dir {plan.run_dir} holds a {existing.name} that cannot be read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:80]}). HINT: pass a new run_dir=PATH, or move the old directory away."
+        ) from err
+    changes = tuple(plan.identity_changes(old.identity_facts()))
+    if changes and (kept := _what_would_be_lost(Path(plan.run_dir))):
+        raise ConfigError(
+            f"run_dir {plan.run_dir} holds a run planned with different settings ({'; '.join(changes)}) "
+            f"and {kept}; re-using it would resume that run with other settings. HINT: pass a new "
+            "run_dir=PATH (or run_name=NAME), or remove the old directory."
+        )
+    return changes
+
+
+def _what_would_be_lost(run_dir: Path) -> str | None:
+    """What a run dir's run has that planning it again would lose: a committed checkpoint, a live job."""
+    from swiftslurm.ckpt.checkpoint import newest_committed
+    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
+
+    committed, _ = newest_committed(rundir.output_dir(run_dir))
+    if committed is not None:
+        return f"committed {committed.name}"
+    facts = facts_of(run_dir)
+    if facts.state in ACTIVE_STATES:
+        return f"job {facts.job_id} {facts.state}"
+    return None
+
+
+def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
+    """Create or re-use the run directory: config.yaml, plan.json and its digest, job.sbatch (SLURM), logs/."""
+    return write_run_dir(plan, config_yaml, check_run_dir(plan))
+
+
+def write_run_dir(plan: JobPlan, config_yaml: str, checked: RunDirCheck, durable: bool = True) -> Path:
+    """Write a run dir as ``checked`` allows (the earlier run it holds set aside where it replaces one)."""
+    from swiftslurm.submit import jobs as submit
+
+    return submit.write_run_dir(plan, config_yaml, checked.sbatch, bool(checked.replaces), durable)
+
+
+def check_run_dir(plan: JobPlan) -> RunDirCheck:
+    """Everything writing the run dir would refuse, found before anything is written (a sweep checks every
+    point first): a run dir holding another run that has something to lose, values #SBATCH cannot carry."""
+    plan_path = rundir.plan_file(Path(plan.run_dir))
+    replaces = check_same_run(plan, plan_path) if plan_path.exists() else ()
+    from swiftslurm.render import render_sbatch
+
+    sbatch = render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
+    return RunDirCheck(sbatch, replaces)
 
 
 def dry_run_text(plan: JobPlan, run_dir: Path, not_written: str | None = None, notes: tuple[str, ...] = ()) -> str:
@@ -65,30 +147,96 @@ def ready_to_submit(plans: list[JobPlan]) -> None:
 
 
 _LOSS = re.compile(r"\{'loss': '([^']+)'.*?'global_step/max_steps': '([^']+)'")
+END_SETTLE_S = 30.0  # once submitit says the job ended: how long SLURM's accounting may take to say so too
 
 
-def follow(job: submitit.Job[Any], plan: JobPlan) -> None:
-    """Print training progress (the loss lines of node 0's log) until the job ends."""
-    seen: dict[Path, int] = {}
-    while not job.done():
-        time.sleep(POLL_S)
-        for log in sorted(rundir.leader_logs(plan.run_dir)):
+@dataclass
+class LossLines:
+    """Each new loss line ms-swift logged on node 0, as `step N  loss L`."""
+
+    run_dir: Path
+    seen: dict[Path, int] = field(default_factory=dict)
+
+    def print_new(self) -> None:
+        for log in sorted(rundir.leader_logs(self.run_dir)):
             text = log.read_text(errors="replace")
-            for match in _LOSS.finditer(text, seen.get(log, 0)):
+            for match in _LOSS.finditer(text, self.seen.get(log, 0)):
                 print(f"  step {match.group(2)}  loss {match.group(1)}", flush=True)
-                seen[log] = match.end()  # a line still being written is matched next time
+                self.seen[log] = match.end()  # a line still being written is matched next time
+
+
+@dataclass
+class QueueWatch:
+    """A pending job's place in its partition's queue, asked at most every QUEUE_POLL_S (one squeue)."""
+
+    partition: str | None
+    asked_at: float = -math.inf
+    spot: QueueSpot | None = None
+
+    def where(self, job_id: str) -> QueueSpot | None:
+        if time.monotonic() - self.asked_at >= QUEUE_POLL_S:
+            self.asked_at = time.monotonic()
+            self.spot = queue_spot(job_id, self.partition)
+        return self.spot
+
+
+def queue_spot(job_id: str, partition: str | None) -> QueueSpot | None:
+    """SLURM's reason and the job's place among the partition's pending jobs; None if SLURM cannot say."""
+    from swiftslurm import slurm as slurm_cli
+    from swiftslurm.ops.waiting import QueueSpot
+
+    try:
+        pending = slurm_cli.pending_queue(partition)
+    except SwiftSlurmError:
+        return None
+    ids = [job for job, _ in pending]
+    if job_id not in ids:
+        return None
+    return QueueSpot(pending[ids.index(job_id)][1], ids.index(job_id) + 1, len(ids))
 
 
 def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
-    """Wait for the job; print the result. Exit status 0 only if every node finished cleanly."""
-    import submitit
+    """Wait for the job, saying what the run waits for (ops/waiting.py) and each loss ms-swift logs; then its
+    end as `status` tells it (ops/runs.py), one line with the reason and the logs when it did not finish.
+    Exit status 0 only if the run finished."""
+    from swiftslurm.ops.runs import SlurmView, gather
+    from swiftslurm.ops.waiting import Narrator, waiting_for
 
-    follow(job, plan)
-    try:
-        job.results()
-    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
-        report(RunFailed(f"job {job.job_id} failed: {str(err).strip()[-2000:]}"))
-        print(result_summary(plan), file=sys.stderr)
-        return 1
-    print(f"job {job.job_id} finished.\n{result_summary(plan)}")
-    return 0
+    run_dir, job_id = Path(plan.run_dir), str(job.job_id)
+    narrate, losses = Narrator(), LossLines(run_dir)
+    queue = QueueWatch(plan.slurm.partition if plan.slurm else None)
+    while not job.done():
+        facts = gather(run_dir, SlurmView(available=True, states={job_id: job.state}))  # submitit's view: no call
+        narrate(waiting_for(run_dir, facts, queue.where(job_id) if facts.state in ("pending", "requeued") else None))
+        losses.print_new()
+        time.sleep(POLL_S)
+    losses.print_new()
+    state, why, attempts = ended(job, run_dir)
+    summary = result_summary(plan, state, why, attempts)
+    if state == "finished":
+        print(f"job {job_id} finished.\n{summary}")
+        return 0
+    logs = f"`python -m swiftslurm logs {run_dir}` (the wrapper's own output: {job.paths.stdout})"
+    report(RunFailed(f"job {job_id} {state}: {why or 'no reason recorded'}. Logs: {logs}"))
+    print(summary, file=sys.stderr)
+    return 1
+
+
+def ended(job: submitit.Job[Any], run_dir: Path) -> tuple[str, str, int]:
+    """The run's state, why, and its attempts once its job has ended, as `status` tells it: asked again while
+    SLURM's accounting still shows the job queued or running (it lags behind the job's end), at most
+    END_SETTLE_S; a job that ended is never reported as running."""
+    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
+
+    deadline = time.monotonic() + END_SETTLE_S
+    facts = facts_of(run_dir)
+    while facts.state in ACTIVE_STATES and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        facts = facts_of(run_dir)
+    if facts.state in ACTIVE_STATES:
+        return (
+            "failed",
+            f"the job ended (submitit: {job.state}) without a final record from the wrapper",
+            facts.attempts,
+        )
+    return facts.state, facts.why, facts.attempts

@@ -250,6 +250,13 @@ def queue_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, str]
     return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
 
+def pending_queue(partition: str | None, retry: Retry = RETRY) -> list[tuple[str, str]]:
+    """The partition's pending jobs, next to start first (squeue's priority order): (job id, SLURM's reason)."""
+    where = ["-p", partition] if partition else []
+    out = run(["squeue", "-h", "-t", "PENDING", *where, "--sort=-p,i", "-o", "%i|%r"], retry)
+    return [(job, reason) for job, _, reason in (line.partition("|") for line in out.splitlines()) if job]
+
+
 def accounted_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, str]:
     """sacct's state of each of these jobs' latest run (COMPLETED, FAILED, CANCELLED, ...)."""
     out = run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"], retry)

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
+from swiftslurm.rundir.beat import describe_leader_beat, read_leader_beat
+from swiftslurm.rundir.jsonio import write_json_atomic
 
 log = logging.getLogger("swiftslurm.heartbeat")
 BEAT_S = 5.0  # how often node 0 rewrites its heartbeat
@@ -83,24 +83,10 @@ class LeaderBeat:
             thread.join()
 
 
-def read_beat(path: Path) -> dict[str, Any] | None:
-    """The heartbeat, or None when there is none (yet) or it cannot be read just now (being replaced)."""
-    beat = peek_json(path)
-    return beat if beat is not None and isinstance(beat.get("updated"), int | float) else None
-
-
-def describe(beat: dict[str, Any]) -> str:
-    """'downloading checkpoint-40 from s3://b/p/ (12.0 of 250.0 GiB)'."""
-    doing = str(beat.get("doing", "?"))
-    if beat.get("total"):
-        return f"{doing} ({beat.get('bytes', 0) / GiB:.1f} of {beat['total'] / GiB:.1f} GiB)"
-    return doing
-
-
 def leader_silence(path: Path, now: float, waiting_since: float) -> str | None:
     """Why a node should stop waiting for node 0 (its heartbeat at ``path`` is STALE_S old, or has not
     appeared STALE_S after this node began waiting at ``waiting_since``), or None while node 0 is alive."""
-    beat = read_beat(path)
+    beat = read_leader_beat(path)
     # A beat from before this wait began may be an earlier job's (job ids repeat on a new cluster): like no
     # beat at all, it gives node 0 STALE_S from the start of the wait to beat.
     earlier = beat is not None and float(beat["updated"]) < waiting_since - 2 * BEAT_S
@@ -112,4 +98,4 @@ def leader_silence(path: Path, now: float, waiting_since: float) -> str | None:
     if age <= STALE_S:
         return None
     where = f"{beat.get('host', '?')}, pid {beat.get('pid', '?')}"
-    return f"node 0 ({where}) stopped its heartbeat {age:.0f} s ago, while {describe(beat)}"
+    return f"node 0 ({where}) stopped its heartbeat {age:.0f} s ago, while {describe_leader_beat(beat)}"

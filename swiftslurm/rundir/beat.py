@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 
@@ -138,3 +139,23 @@ class ProgressWatch:
     def stalled_for(self, now: float) -> float:
         """Seconds since rank 0's last beat (since the start while there was none)."""
         return now - (self.beat.t if self.beat else self.started)
+
+
+# Node 0's heartbeat while it chooses the resume point (logs/<attempt>/leader.json, written by
+# node/heartbeat.py's LeaderBeat): `doing`, and `bytes` of `total` during a download. Read here, by the other
+# nodes waiting for it and by `wait=true` saying what the run waits for.
+GiB = 1 << 30
+
+
+def read_leader_beat(path: Path) -> dict[str, Any] | None:
+    """Node 0's heartbeat, or None when there is none (yet) or it cannot be read just now (being replaced)."""
+    beat = peek_json(path)
+    return beat if beat is not None and isinstance(beat.get("updated"), int | float) else None
+
+
+def describe_leader_beat(beat: dict[str, Any]) -> str:
+    """'downloading checkpoint-40 from s3://b/p/ (12.0 of 250.0 GiB)'."""
+    doing = str(beat.get("doing", "?"))
+    if beat.get("total"):
+        return f"{doing} ({beat.get('bytes', 0) / GiB:.1f} of {beat['total'] / GiB:.1f} GiB)"
+    return doing

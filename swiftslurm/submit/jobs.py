@@ -10,16 +10,14 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
-from swiftslurm.node.decide import one_line
 from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.planning.validate import NO_TIME_LIMIT
-from swiftslurm.render import render_sbatch, task_count_lines
+from swiftslurm.render import task_count_lines
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.rundir import records
 from swiftslurm.rundir.jsonio import write_text_atomic
@@ -34,74 +32,6 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     write_text_atomic(path, text, durable)
 
 
-@dataclass(frozen=True)
-class RunDirCheck:
-    """What writing a run dir needs, found before anything is written: job.sbatch's text (SLURM), and the
-    settings in which the run the dir holds differs from this plan, when that run may be replaced (it
-    committed nothing and no job of it is queued or running; otherwise the check refuses)."""
-
-    sbatch: str | None
-    replaces: tuple[str, ...] = ()
-
-    def note(self, run_dir: Path) -> str | None:
-        """The line that says the run dir was planned again in place, or None."""
-        if not self.replaces:
-            return None
-        return (
-            f"{run_dir} held a run planned with different settings ({'; '.join(self.replaces)}) that committed "
-            f"no checkpoint: planned again in place; its files are kept in {run_dir / rundir.REPLACED}/."
-        )
-
-
-def check_same_run(plan: JobPlan, existing: Path) -> tuple[str, ...]:
-    """A run dir continues its own run: the settings in which the run it holds differs from ``plan`` (none:
-    the same run). A different run may be replaced only while it has nothing to lose: no committed
-    checkpoint, no job queued or running; otherwise the refusal names the settings that differ."""
-    try:
-        old = JobPlan.load(existing, any_version=True)  # an older swiftslurm's plan is planned again in place
-    except (OSError, ValueError, TypeError) as err:  # half-written, edited by hand, or not a file
-        raise ConfigError(
-            f"run_dir {plan.run_dir} holds a {existing.name} that cannot be read ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:80]}). HINT: pass a new run_dir=PATH, or move the old directory away."
-        ) from err
-    changes = tuple(plan.identity_changes(old.identity_facts()))
-    if changes and (kept := _what_would_be_lost(Path(plan.run_dir))):
-        raise ConfigError(
-            f"run_dir {plan.run_dir} holds a run planned with different settings ({'; '.join(changes)}) "
-            f"and {kept}; re-using it would resume that run with other settings. HINT: pass a new "
-            "run_dir=PATH (or run_name=NAME), or remove the old directory."
-        )
-    return changes
-
-
-def _what_would_be_lost(run_dir: Path) -> str | None:
-    """What a run dir's run has that planning it again would lose: a committed checkpoint, a live job."""
-    from swiftslurm.ckpt.checkpoint import newest_committed
-    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
-
-    committed, _ = newest_committed(rundir.output_dir(run_dir))
-    if committed is not None:
-        return f"committed {committed.name}"
-    facts = facts_of(run_dir)
-    if facts.state in ACTIVE_STATES:
-        return f"job {facts.job_id} {facts.state}"
-    return None
-
-
-def prepare_run_dir(plan: JobPlan, config_yaml: str) -> Path:
-    """Create or re-use the run directory: config.yaml, plan.json and its digest, job.sbatch (SLURM), logs/."""
-    return write_run_dir(plan, config_yaml, check_run_dir(plan))
-
-
-def check_run_dir(plan: JobPlan) -> RunDirCheck:
-    """Everything writing the run dir would refuse, found before anything is written (a sweep checks every
-    point first): a run dir holding another run that has something to lose, values #SBATCH cannot carry."""
-    plan_path = rundir.plan_file(Path(plan.run_dir))
-    replaces = check_same_run(plan, plan_path) if plan_path.exists() else ()
-    sbatch = render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
-    return RunDirCheck(sbatch, replaces)
-
-
 def set_aside(run_dir: Path) -> Path:
     """Move everything of the run dir's earlier run into replaced/<UTC time>/ (renames: nothing is copied)."""
     kept = run_dir / rundir.REPLACED / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -112,20 +42,23 @@ def set_aside(run_dir: Path) -> Path:
     return kept
 
 
-def write_run_dir(plan: JobPlan, config_yaml: str, checked: RunDirCheck, durable: bool = True) -> Path:
-    """Write a checked run dir (the earlier run it held set aside, where the check allowed replacing it). It
-    is RUN_DIR_MODE whatever the umask (the plan refused every secret, but logs and checkpoints are the
-    user's own); plan.sha256 lets the nodes check that they run this plan."""
+def write_run_dir(
+    plan: JobPlan, config_yaml: str, sbatch: str | None, replaces_earlier: bool = False, durable: bool = True
+) -> Path:
+    """Write a checked run dir (launch.check_run_dir: ``sbatch`` is job.sbatch's text; ``replaces_earlier``:
+    the earlier run it holds is set aside first). It is RUN_DIR_MODE whatever the umask (the plan refused
+    every secret, but logs and checkpoints are the user's own); plan.sha256 lets the nodes check that they
+    run this plan."""
     run_dir = Path(plan.run_dir)
-    if checked.replaces:
+    if replaces_earlier:
         set_aside(run_dir)
     make_run_dir(run_dir)
     write_atomic(run_dir / rundir.CONFIG, config_yaml, durable)
     plan_text = plan.to_json()
     write_atomic(rundir.plan_file(run_dir), plan_text, durable)
     write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n", durable)
-    if checked.sbatch is not None:
-        write_atomic(run_dir / rundir.SBATCH, checked.sbatch, durable)
+    if sbatch is not None:
+        write_atomic(run_dir / rundir.SBATCH, sbatch, durable)
     return run_dir
 
 
@@ -250,7 +183,7 @@ def refusals_recorded(plans: list[JobPlan]) -> Iterator[None]:
         yield
     except SwiftSlurmError as err:
         for plan in plans:
-            records.record_refused_submission(Path(plan.run_dir), one_line(str(err), limit=500))
+            records.record_refused_submission(Path(plan.run_dir), " ".join(str(err).split())[:500])
         raise
 
 

@@ -10,7 +10,6 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
 from swiftslurm.rundir.layout import PREFLIGHT_REPORT, SBATCH, preflight_dir
 from swiftslurm.rundir.metrics import read_metrics
-from swiftslurm.rundir.records import read_attempts, read_status
 from swiftslurm.rundir.reserve import RESERVE_BYTES
 from swiftslurm.slurm_env import SlurmEnv, rank_env
 from swiftslurm.submit.preflight import read_report
@@ -108,14 +107,13 @@ def dry_run_report(plan: JobPlan) -> str:
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections)
 
 
-def result_summary(plan: JobPlan) -> str:
+def result_summary(plan: JobPlan, state: str, why: str, attempts: int) -> str:
+    """What `wait=true` prints at the end: the run's state as `status` tells it, the loss, the last checkpoint."""
     loss = read_metrics(Path(plan.run_dir)).loss  # the last loss ms-swift logged
     checkpoint = newest_checkpoint(plan.output_dir)
-    status = read_status(Path(plan.run_dir)) or {}
-    attempts = len(read_attempts(Path(plan.run_dir)))
     return "\n".join(
         [
-            f"state            {status.get('state', 'unknown')}: {status.get('why', '')} ({attempts} attempt(s))",
+            f"state            {state}" + (f": {why}" if why else "") + f" ({attempts} attempt(s))",
             *([f"preflight        {preflight_verdict(Path(plan.run_dir))}"] if plan.preflight.enabled else []),
             f"run dir          {plan.run_dir}",
             f"final loss       {loss:.4f}" if loss is not None else "final loss       (none logged)",

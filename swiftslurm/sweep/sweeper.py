@@ -35,7 +35,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from swiftslurm.cli.mistakes import to_config
 from swiftslurm.errors import ConfigError, RunFailed, SubmitError, SwiftSlurmError
-from swiftslurm.launch import already_submitted, dry_run_text, ready_to_submit, wait_for
+from swiftslurm.launch import (
+    RunDirCheck,
+    already_submitted,
+    check_run_dir,
+    dry_run_text,
+    ready_to_submit,
+    wait_for,
+    write_run_dir,
+)
 from swiftslurm.plan import JobPlan
 from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
 from swiftslurm.rundir.jsonio import sync_filesystems
@@ -76,7 +84,7 @@ class Planned:
     point: Point
     plan: JobPlan
     config_yaml: str
-    checked: submit.RunDirCheck  # job.sbatch's text; an earlier run of the dir this point replaces
+    checked: RunDirCheck  # job.sbatch's text; an earlier run of the dir this point replaces
     dry_run: bool
     array_parallelism: int
     warnings: tuple[str, ...]  # the plan's warnings (make.plan_warnings), printed by the sweep's own process
@@ -206,7 +214,7 @@ def plan_point(sweep: Sweep, point: Point) -> Planned:
     try:
         config = to_config(cfg)
         plan = make_plan(config, PlanContext(cwd=sweep.cwd, sweep_point=point.name))
-        checked = submit.check_run_dir(plan)
+        checked = check_run_dir(plan)
     except SwiftSlurmError as err:
         raise type(err)(f"sweep point #{point.num} ({' '.join(point.varies)}): {err}") from err
     warnings = tuple(plan_warnings(config, plan))
@@ -237,7 +245,7 @@ def check_distinct_run_dirs(planned: list[Planned]) -> None:
 def write_run_dirs(items: list[Planned]) -> list[None]:
     """Write the points' run dirs without an fsync per file (the sweep syncs once, before submitting)."""
     for item in items:
-        submit.write_run_dir(item.plan, item.config_yaml, item.checked, durable=False)
+        write_run_dir(item.plan, item.config_yaml, item.checked, durable=False)
     return []
 
 

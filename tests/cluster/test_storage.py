@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.ckpt.checkpoint import MANIFEST, commit, problems, read_manifest
-from swiftslurm.node.heartbeat import read_beat
 from swiftslurm.plan import StorageSpec
+from swiftslurm.rundir.beat import read_leader_beat as read_beat
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import restore
 from swiftslurm.storage.uploader import Uploader

@@ -8,11 +8,11 @@ import os
 import socket
 from pathlib import Path
 
+from swiftslurm.launch import prepare_run_dir
 from swiftslurm.planning.make import PlanContext, make_plan
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import gather as preflight
 from swiftslurm.slurm_env import SlurmEnv
-from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import compose_config
 
 

@@ -14,6 +14,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.ckpt import checkpoint as ck
 from swiftslurm.engines.hooks import IDENTITY_ENV, Committer
 from swiftslurm.errors import ConfigError, NodeError, SubmitError
+from swiftslurm.launch import prepare_run_dir
 from swiftslurm.node import heartbeat, resume
 from swiftslurm.node.conclude import close_lost_attempt
 from swiftslurm.node.watch import trainer_env
@@ -22,7 +23,6 @@ from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_dir
 from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.slurm_env import SlurmEnv
-from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
 
 
@@ -125,7 +125,7 @@ def test_a_run_dir_of_another_plan_with_a_commit_is_refused_naming_the_settings_
 def test_a_run_dir_whose_run_committed_nothing_is_planned_again_in_place(tmp_path: Path) -> None:
     """A user error (`target_modules` naming no module) stops the run before anything is committed; the rerun
     with the fix and the same run_dir must be taken, the old run's files kept aside, not refused."""
-    from swiftslurm.submit.jobs import check_run_dir, write_run_dir
+    from swiftslurm.launch import check_run_dir, write_run_dir
 
     run_dir = tmp_path / "run"
     prepare_run_dir(a_plan(run_dir, "swift.target_modules=[no_such_module]"), "")

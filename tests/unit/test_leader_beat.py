@@ -14,8 +14,10 @@ import pytest
 
 from swiftslurm.errors import NodeError
 from swiftslurm.node import resume
-from swiftslurm.node.heartbeat import STALE_S, LeaderBeat, describe, leader_silence, read_beat
+from swiftslurm.node.heartbeat import STALE_S, LeaderBeat, leader_silence
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir.beat import describe_leader_beat as describe
+from swiftslurm.rundir.beat import read_leader_beat as read_beat
 from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME
 from tests.conftest import plan_for

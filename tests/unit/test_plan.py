@@ -180,7 +180,7 @@ def test_a_run_dir_planned_by_the_previous_layout_is_planned_again_in_place_with
 ) -> None:
     """plan.json version 1 named the plugin under swiftslurm/node/engines/: the node refuses it, and the hint
     (plan again, the same run_dir continues the run) must hold, checkpoints and all."""
-    from swiftslurm.submit.jobs import check_same_run
+    from swiftslurm.launch import check_same_run
 
     plan = plan_for(f"run_dir={tmp_path / 'run'}")
     data = json.loads(plan.to_json())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,16 +197,19 @@ def test_a_waited_for_run_with_preflight_says_its_verdict(tmp_path: Path) -> Non
 
     from swiftslurm.submit.report import result_summary
 
+    def summary(plan: Any) -> str:
+        return result_summary(plan, "finished", "", 1)
+
     plan = plan_for("+cluster=local-slurm", "preflight=true")
     plan = replace(plan, run_dir=str(tmp_path / "run"))
-    assert "preflight        no report" in result_summary(plan)
+    assert "preflight        no report" in summary(plan)
     report = tmp_path / "run" / "preflight" / "32" / "report.json"
     report.parent.mkdir(parents=True)
     check = {"name": "run dir visible", "ok": True, "detail": "read plan.json"}
     nodes = [{"node": 0, "host": "node1", "checks": [check]}, {"node": 1, "host": "node2", "checks": []}]
     report.write_text(json.dumps({"attempt": "32", "nodes": nodes}))
-    assert f"preflight        passed on 2 node(s) ({report})" in result_summary(plan)
+    assert f"preflight        passed on 2 node(s) ({report})" in summary(plan)
     check.update(ok=False, detail="no such file")
     report.write_text(json.dumps({"attempt": "32", "nodes": [{"node": 1, "host": "node2", "checks": [check]}]}))
-    assert "preflight        FAILED 1 check(s), first: node2 run dir visible: no such file" in result_summary(plan)
-    assert "preflight" not in result_summary(replace(plan, preflight=replace(plan.preflight, enabled=False)))
+    assert "preflight        FAILED 1 check(s), first: node2 run dir visible: no such file" in summary(plan)
+    assert "preflight" not in summary(replace(plan, preflight=replace(plan.preflight, enabled=False)))

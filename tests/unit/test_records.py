@@ -13,6 +13,7 @@ import pytest
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import NodeError
+from swiftslurm.launch import prepare_run_dir
 from swiftslurm.node import __main__ as node_main
 from swiftslurm.node import attempt, conclude
 from swiftslurm.node.supervise import run_node
@@ -25,7 +26,6 @@ from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_status,
 from swiftslurm.rundir.sweepdir import LEGACY_SWEEP_FILE, read_points, record_point, record_resubmission
 from swiftslurm.slurm_env import SlurmEnv
 from swiftslurm.submit import jobs as submit
-from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
 from tests.unit.test_errors import Writes
 

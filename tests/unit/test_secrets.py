@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from swiftslurm.errors import ConfigError, NodeError
+from swiftslurm.launch import prepare_run_dir
 from swiftslurm.node.supervise import load_plan
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.secrets import redact_argv
-from swiftslurm.submit.jobs import prepare_run_dir
 from tests.conftest import plan_for
 
 SECRET = "s3cr3t-v4lue-9f2c"  # distinctive, so a test can prove it shows up nowhere

@@ -25,8 +25,8 @@ from swiftslurm.engines.megatron import MegatronEngine
 from swiftslurm.errors import NodeError
 from swiftslurm.node import attempt as attempt_mod
 from swiftslurm.node import resume, watch
-from swiftslurm.node.heartbeat import read_beat
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir.beat import read_leader_beat as read_beat
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, may_shrink
 from tests.conftest import plan_for
