@@ -81,10 +81,11 @@ class Planned:
     run_dir_given: bool  # the user chose the run dir (run_dir=): only another run_dir makes a new run
 
     def record(self, action: str, job_id: str | None = None) -> dict[str, Any]:
-        """The point's line in sweep.jsonl: what it is, where its run dir is, and what was done."""
+        """The point's line in sweep.jsonl: what it is, where its run dir is, what was done, and its
+        array_parallelism (what `resume SWEEP_DIR` submits it again with)."""
         point, plan = self.point, self.plan
         where = {"num": point.num, "overrides": point.overrides, "run_name": plan.run_name, "run_dir": plan.run_dir}
-        return where | {"job_id": job_id, "action": action}
+        return where | {"array_parallelism": self.array_parallelism, "job_id": job_id, "action": action}
 
 
 # ------------------------------------------------------------------------------ compose
@@ -298,16 +299,10 @@ def skipped(item: Planned, skips: dict[str, str | None], sweep_dir: Path) -> boo
 def submit_points(sweep_dir: Path, items: list[Planned]) -> int:
     """Arrays first (one sbatch per distinct allocation and array_parallelism), then one job per other point.
     Returns how many local runs failed (those are waited for)."""
-    arrays: dict[tuple[str, int], list[Planned]] = {}
-    singles = []
-    for item in items:
-        if item.array_parallelism and item.plan.scheduler == "slurm":
-            arrays.setdefault((submit.allocation_key(item.plan), item.array_parallelism), []).append(item)
-        else:
-            singles.append(item)
+    arrays, singles = submit.array_groups((item, item.plan, item.array_parallelism) for item in items)
     done: set[str] = set()  # run dirs submitted
     try:
-        for (_, parallelism), members in arrays.items():
+        for parallelism, members in arrays:
             submit_array(sweep_dir, members, parallelism)
             done.update(item.plan.run_dir for item in members)
         return sum(submit_single(sweep_dir, item, done) for item in singles)
