@@ -7,7 +7,8 @@
   asked to save its current step first (USR2) and given time to record it; then `scancel`. A sweep's (or a
   folder's) runs are cancelled together: one signal to all, one wait, one `scancel`.
 - resume: resubmit a stopped, failed or cancelled run; it continues from its newest committed checkpoint.
-  A sweep dir resumes every point that is not finished or still queued.
+  A sweep dir resumes every point that is not finished or still queued, as the sweep submitted them: one job
+  array per allocation with the sweep's array_parallelism (a job per point where it was 0).
 """
 
 from __future__ import annotations
@@ -15,16 +16,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops.follow import FOLLOW_POLL_S, show_logs
 from swiftslurm.ops.runs import FINAL_STATES, RunFacts, ask_slurm, gather, slurm_job_ids
 from swiftslurm.rundir.jsonio import write_json_atomic
-from swiftslurm.rundir.layout import CANCELLED, plan_file
-from swiftslurm.rundir.records import read_attempts, record_submission
-from swiftslurm.rundir.sweepdir import is_sweep, record_resubmission, run_dirs
+from swiftslurm.rundir.layout import CANCELLED, SUBMITIT, plan_file
+from swiftslurm.rundir.records import read_attempts, record_submission, record_submissions
+from swiftslurm.rundir.sweepdir import array_parallelism, is_sweep, read_points, record_resubmissions, run_dirs
+
+if TYPE_CHECKING:
+    from swiftslurm.plan import JobPlan
 
 ACTIVE_STATES = ("pending", "running", "requeued")
 CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
@@ -90,24 +97,91 @@ def _saved(run_dir: Path, recorded: dict[Path, int]) -> str:
     return f"; saved at step {attempts[-1].committed_step}"
 
 
-def resume(run_dir: Path, sweep_dir: Path | None = None) -> str:
-    """Resubmit the run (``sweep_dir``: the sweep it is a point of, whose record then names the new job)."""
+def resume(run_dir: Path) -> str:
+    """Resubmit one run (a sweep's points: resume_sweep)."""
     from swiftslurm.plan import JobPlan
     from swiftslurm.submit import jobs as submit
 
     facts = facts_of(run_dir)
-    if facts.state in ACTIVE_STATES:
-        return f"{facts.run_name}: {facts.state} as job {facts.job_id}; not resubmitted."
-    if facts.state == "finished":
-        return f"{facts.run_name}: finished; nothing to resume."
+    if (why := _not_resumed(facts)) is not None:
+        return why
     plan = JobPlan.load(plan_file(run_dir))
     (run_dir / CANCELLED).unlink(missing_ok=True)
     job = submit.submit(plan)
     record_submission(run_dir, str(job.job_id), plan.scheduler)
-    if sweep_dir is not None:
-        record_resubmission(sweep_dir, run_dir, str(job.job_id))
+    return _resubmitted(facts, str(job.job_id))
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A sweep point to resubmit."""
+
+    run_dir: Path
+    facts: RunFacts
+    plan: JobPlan
+
+
+def resume_sweep(sweep_dir: Path, say: Callable[[str], None] = print) -> None:
+    """Resubmit the sweep's points that are not finished, queued or running, as the sweep submitted them
+    (submit.array_groups): one job array per allocation and array_parallelism recorded, one job per other point;
+    each new job recorded in the point's run dir and in sweep.jsonl. One line per point, in point order; when a
+    submission fails (SubmitError, raised once the lines are said), only the points decided before it have one."""
+    from swiftslurm.plan import JobPlan
+    from swiftslurm.submit import jobs as submit
+
+    points = read_points(sweep_dir)
+    run_dirs = [Path(p["run_dir"]) for p in points]
+    job_ids = slurm_job_ids(run_dirs)
+    slurm = ask_slurm(job_ids) if job_ids else None  # one squeue (and sacct) for every point
+    said: dict[Path, str] = {}
+    todo: list[tuple[_Point, JobPlan, int]] = []
+    for point, run_dir in zip(points, run_dirs, strict=True):
+        facts = gather(run_dir, slurm)
+        if (why := _not_resumed(facts)) is not None:
+            said[run_dir] = why
+        else:
+            plan = JobPlan.load(plan_file(run_dir))
+            todo.append((_Point(run_dir, facts, plan), plan, array_parallelism(point)))
+    arrays, singles = submit.array_groups(todo)
+    try:
+        for parallelism, members in arrays:
+            _uncancel(members)
+            jobs = submit.submit_array([m.plan for m in members], sweep_dir / SUBMITIT, parallelism)
+            _record_resubmitted(sweep_dir, members, [str(job.job_id) for job in jobs], said)
+        for single in singles:
+            _uncancel([single])
+            _record_resubmitted(sweep_dir, [single], [str(submit.submit(single.plan).job_id)], said)
+    finally:
+        for run_dir in run_dirs:
+            if run_dir in said:
+                say(said[run_dir])
+
+
+def _uncancel(points: list[_Point]) -> None:
+    for point in points:
+        (point.run_dir / CANCELLED).unlink(missing_ok=True)
+
+
+def _record_resubmitted(sweep_dir: Path, points: list[_Point], jobs: list[str], said: dict[Path, str]) -> None:
+    """Each point's new job, in its run dir and in the sweep's record, and the line that says so."""
+    resubmitted = [(point.run_dir, job) for point, job in zip(points, jobs, strict=True)]
+    record_submissions(resubmitted, points[0].plan.scheduler)
+    record_resubmissions(sweep_dir, resubmitted)
+    said.update((point.run_dir, _resubmitted(point.facts, job)) for point, job in zip(points, jobs, strict=True))
+
+
+def _not_resumed(facts: RunFacts) -> str | None:
+    """Why a run is not resubmitted (finished, or its job still queued or running); None: it is."""
+    if facts.state in ACTIVE_STATES:
+        return f"{facts.run_name}: {facts.state} as job {facts.job_id}; not resubmitted."
+    if facts.state == "finished":
+        return f"{facts.run_name}: finished; nothing to resume."
+    return None
+
+
+def _resubmitted(facts: RunFacts, job_id: str) -> str:
     where = f"step {facts.committed_step}" if facts.committed_step else "the start (nothing committed)"
-    return f"{facts.run_name}: resubmitted as job {job.job_id}; resumes from {where}."
+    return f"{facts.run_name}: resubmitted as job {job_id}; resumes from {where}."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cancel":  # all together: a sweep's points stop at the same moment
             print("\n".join(cancel_all(dirs)))
             return 0
-        sweep_dir = args.path if is_sweep(args.path) else None
+        if is_sweep(args.path):  # as the sweep submitted its points: its arrays, with their array_parallelism
+            resume_sweep(args.path)
+            return 0
         for run_dir in dirs:
-            print(resume(run_dir, sweep_dir))
+            print(resume(run_dir))
     except SwiftSlurmError as err:
         return report(err)
     return 0

@@ -218,6 +218,12 @@ def narrow_fit_warning(cfg: Config) -> str | None:
 
 
 def advise_table(cfg: Config) -> str:
+    """`advise`'s answer: every strategy's estimate, best first; one line when there is none to give."""
+    if cfg.cluster.gpus_per_node == 0:
+        return (
+            f"nothing to advise: cluster={cfg.cluster.name} trains on the CPU (cluster.gpus_per_node=0), and advise "
+            "compares the strategies' GPU memory. HINT: add the GPU cluster of the run (`advise +cluster=NAME ...`)."
+        )
     shape = shape_of(cfg)
     if shape is None:
         return memory_line(cfg)

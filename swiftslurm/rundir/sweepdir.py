@@ -3,9 +3,10 @@
 Every point of a Hydra multirun is composed once, planned and written by swiftslurm's own sweeper
 (hydra_plugins/swiftslurm_sweeper, swiftslurm/sweep/sweeper.py) and recorded in `<sweep dir>/sweep.jsonl`, one line
 per event, appended: `planned` when its run directory is written, then `submitted` with its job id (or why it
-was skipped), and `resubmitted` with the new job id when `swiftslurm resume SWEEP_DIR` submits it again. The
-newest line of a run directory is its state. Each point is an ordinary run with its own run directory, requeued
-and resumed on its own. Running the same sweep again skips the points that are finished or still queued.
+was skipped), and `resubmitted` with the new job id when `swiftslurm resume SWEEP_DIR` submits it again; each
+line also holds the point's array_parallelism, which the resubmission keeps. The newest line of a run directory
+is its state. Each point is an ordinary run with its own run directory, requeued and resumed on its own.
+Running the same sweep again skips the points that are finished or still queued.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm.rundir.jsonio import append_jsonl, read_json, read_jsonl
-from swiftslurm.rundir.layout import plan_file
+from swiftslurm.rundir.layout import CONFIG, plan_file
 
 SWEEP_FILE = "sweep.jsonl"  # in the sweep folder, beside its run directories: one line per recorded point
 
@@ -40,16 +41,42 @@ def record_point(sweep_dir: Path, point: dict[str, Any]) -> None:
 
 
 def record_resubmission(sweep_dir: Path, run_dir: Path, job_id: str) -> None:
-    """A point resubmitted by `swiftslurm resume SWEEP_DIR`: its line again, with the job that now carries it,
-    so the sweep's record never names a job the point has left. A sweep recorded in the legacy sweep.json gets
-    its points copied into sweep.jsonl first (read_points reads only sweep.jsonl once it exists)."""
+    record_resubmissions(sweep_dir, [(run_dir, job_id)])
+
+
+def record_resubmissions(sweep_dir: Path, jobs: list[tuple[Path, str]]) -> None:
+    """Points resubmitted by `swiftslurm resume SWEEP_DIR` (run dir, new job id): each point's line again, with
+    the job that now carries it and its array_parallelism, so the sweep's record never names a job the point has
+    left; one append for all. A sweep recorded in the legacy sweep.json gets its points copied into sweep.jsonl
+    first (read_points reads only sweep.jsonl once it exists)."""
     points = read_points(sweep_dir)
-    point = next((p for p in points if Path(p["run_dir"]) == run_dir), None)
-    if point is None:
+    by_run_dir = {Path(p["run_dir"]): p for p in points}
+    lines = [
+        {**point, "array_parallelism": array_parallelism(point), "job_id": job_id, "action": "resubmitted"}
+        for run_dir, job_id in jobs
+        if (point := by_run_dir.get(run_dir)) is not None
+    ]
+    if not lines:
         return
     if not (sweep_dir / SWEEP_FILE).is_file():
         record_points(sweep_dir, points)
-    record_point(sweep_dir, {**point, "job_id": job_id, "action": "resubmitted"})
+    record_points(sweep_dir, lines)
+
+
+def array_parallelism(point: dict[str, Any]) -> int:
+    """The array_parallelism the point was submitted with (0: as its own job), which `resume SWEEP_DIR` submits
+    it again with. Its line says; a sweep recorded by an older swiftslurm, whose lines do not, has it in the
+    point's config.yaml (the config the point was planned from); neither readable: 0."""
+    if "array_parallelism" in point:
+        return int(point["array_parallelism"])
+    import yaml
+
+    try:
+        config = yaml.safe_load((Path(point["run_dir"]) / CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return 0
+    value = config.get("array_parallelism") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def read_points(sweep_dir: Path) -> list[dict[str, Any]]:

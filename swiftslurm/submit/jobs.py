@@ -9,9 +9,9 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
@@ -24,6 +24,8 @@ from swiftslurm.rundir.jsonio import write_text_atomic
 
 if TYPE_CHECKING:
     import submitit
+
+T = TypeVar("T")
 
 
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
@@ -190,6 +192,21 @@ def refusals_recorded(plans: list[JobPlan]) -> Iterator[None]:
 def allocation_key(plan: JobPlan) -> str:
     """What SLURM is asked for, without the job name: runs with equal keys can share one job array."""
     return json.dumps(executor_parameters(plan) | {"name": ""}, sort_keys=True, default=str)
+
+
+def array_groups(points: Iterable[tuple[T, JobPlan, int]]) -> tuple[list[tuple[int, list[T]]], list[T]]:
+    """How a sweep's points are submitted, the first time and by `resume SWEEP_DIR`: SLURM points with an
+    array_parallelism go as one job array per distinct allocation and array_parallelism, in the order first seen;
+    every other point as its own job. Each point is (what the caller submits, its plan, its array_parallelism);
+    returns the arrays as (array_parallelism, members) and the single points."""
+    arrays: dict[tuple[str, int], list[T]] = {}
+    singles: list[T] = []
+    for point, plan, parallelism in points:
+        if parallelism and plan.scheduler == "slurm":
+            arrays.setdefault((allocation_key(plan), parallelism), []).append(point)
+        else:
+            singles.append(point)
+    return [(parallelism, members) for (_, parallelism), members in arrays.items()], singles
 
 
 def submit_array(plans: list[JobPlan], folder: Path, parallelism: int) -> list[submitit.Job[Any]]:

@@ -91,10 +91,11 @@ class Planned:
     run_dir_given: bool  # the user chose the run dir (run_dir=): only another run_dir makes a new run
 
     def record(self, action: str, job_id: str | None = None) -> dict[str, Any]:
-        """The point's line in sweep.jsonl: what it is, where its run dir is, and what was done."""
+        """The point's line in sweep.jsonl: what it is, where its run dir is, what was done, and its
+        array_parallelism (what `resume SWEEP_DIR` submits it again with)."""
         point, plan = self.point, self.plan
         where = {"num": point.num, "overrides": point.overrides, "run_name": plan.run_name, "run_dir": plan.run_dir}
-        return where | {"job_id": job_id, "action": action}
+        return where | {"array_parallelism": self.array_parallelism, "job_id": job_id, "action": action}
 
 
 # ------------------------------------------------------------------------------ compose
@@ -184,17 +185,31 @@ def task_config(composed: DictConfig) -> DictConfig:
 
 def point_names(master: DictConfig, varying: list[list[Override]]) -> list[str]:
     """Each point's run-name suffix, from what varies: Hydra's override_dirname of those overrides
-    (`learning_rate=1e-4,strategy=zero2`). No two points may share one (they would share a run dir): where only
-    keys that override_dirname excludes tell points apart (`+recipe=a,b`), those keys name them too; where even
-    that is not enough (a value swept twice, `seed=1,1`), the job number is added."""
+    (`learning_rate=1e-4,strategy=zero2`), floats in their short form (short_float). No two points may share one
+    (they would share a run dir): where the short forms do not tell points apart, Hydra's own do; where only keys
+    that override_dirname excludes tell points apart (`+recipe=a,b`), those keys name them too; where even that is
+    not enough (a value swept twice, `seed=1,1`), the job number is added."""
     conf = master.hydra.job.config.override_dirname
-    names = [point_name(overrides, list(conf.exclude_keys), conf) for overrides in varying]
-    if len(set(names)) == len(names):
-        return [name or str(num) for num, name in enumerate(names)]
-    fuller = [point_name(overrides, [], conf) for overrides in varying]
-    if len(set(fuller)) == len(fuller):
-        return fuller
+    short = [[short_floats(o) for o in overrides] for overrides in varying]
+    for exclude in (list(conf.exclude_keys), []):
+        for overrides in (short, varying):
+            names = [point_name(o, exclude, conf) for o in overrides]
+            if len(set(names)) == len(names):
+                return [name or str(num) for num, name in enumerate(names)]
+    names = [point_name(o, list(conf.exclude_keys), conf) for o in short]
     return [f"{name},{num}" if name else str(num) for num, name in enumerate(names)]
+
+
+def short_floats(override: Override) -> Override:
+    """A float value written as its 12 significant digits in Python's shortest form: range(5e-5,1e-4,1e-5)'s
+    third value is 7.000000000000001e-05, named 7e-05. A float that has no more digits keeps the text Hydra gives
+    it (the name of a run already made, whose run dir and storage prefix follow its name)."""
+    from hydra.core.override_parser.types import ValueType
+
+    value = override.value() if override.value_type == ValueType.ELEMENT else None
+    if not isinstance(value, float):
+        return override
+    return dataclasses.replace(override, input_line=f"{override.get_key_element()}={float(f'{value:.12g}')!r}")
 
 
 def point_name(overrides: list[Override], exclude_keys: list[str], conf: DictConfig) -> str:
@@ -295,17 +310,11 @@ def skipped(item: Planned, skips: dict[str, str | None], sweep_dir: Path) -> boo
 def submit_points(sweep_dir: Path, items: list[Planned]) -> int:
     """Arrays first (one sbatch per distinct allocation and array_parallelism), then one job per other point.
     Returns how many local runs failed (those are waited for)."""
-    arrays: dict[tuple[str, int], list[Planned]] = {}
-    singles = []
-    for item in items:
-        if item.array_parallelism and item.plan.scheduler == "slurm":
-            arrays.setdefault((submit.allocation_key(item.plan), item.array_parallelism), []).append(item)
-        else:
-            singles.append(item)
+    arrays, singles = submit.array_groups((item, item.plan, item.array_parallelism) for item in items)
     done: set[str] = set()  # run dirs submitted
     started = time.time()
     try:
-        for (_, parallelism), members in arrays.items():
+        for parallelism, members in arrays:
             submit_array(sweep_dir, members, parallelism)
             done.update(item.plan.run_dir for item in members)
         return sum(submit_single(sweep_dir, item, done) for item in singles)

@@ -103,3 +103,15 @@ def test_estimate_is_within_twelve_percent_of_the_h200_measurements() -> None:
             assert (est.total - est.overhead) / GIB == pytest.approx(r["allocated_gib"], rel=0.12), (path.name, r)
             checked += 1
     assert checked >= 25
+
+
+@pytest.mark.parametrize("args", [[], ["+cluster=local-slurm", "model=qwen3-8b"]], ids=["default", "cpu slurm"])
+def test_advise_on_a_cpu_plan_says_there_is_nothing_to_advise(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said `0 GPU(s) of ? GiB` and `fits` for every strategy: there is no GPU memory to compare."""
+    from swiftslurm.ops import advise
+
+    assert advise.main(args) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("nothing to advise:") and "gpus_per_node=0" in line, line

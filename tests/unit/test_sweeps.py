@@ -94,3 +94,38 @@ def test_a_submitted_sweep_names_its_sweep_dir(tmp_path: Path, capsys: pytest.Ca
     assert f"sweep dir {tmp_path / 'sweeps' / 's1'}: `python -m swiftslurm status {tmp_path / 'sweeps' / 's1'}`" in said
     SweepCallback().on_multirun_end(OmegaConf.merge(config, {"dry_run": True}))
     assert capsys.readouterr().out == ""  # a dry run submitted nothing
+
+
+def point_names_of(*args: str) -> list[str]:
+    """The run-name suffixes the sweeper gives the points of ``args`` (Hydra's default override_dirname)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from swiftslurm.sweep.sweeper import expand, point_names
+
+    dirname = {"kv_sep": "=", "item_sep": ",", "exclude_keys": []}
+    master = OmegaConf.create({"hydra": {"job": {"config": {"override_dirname": dirname}}}})
+    return point_names(master, expand(OverridesParser.create().parse_overrides(list(args))))
+
+
+def test_a_float_range_names_its_points_by_the_values_not_their_float_reprs() -> None:
+    """range(5e-5,1e-4,1e-5) adds up to 7.000000000000001e-05: the run is named learning_rate=7e-05."""
+    assert point_names_of("swift.learning_rate=range(5e-5,1e-4,1e-5)") == [
+        f"learning_rate={v}e-05" for v in (5, 6, 7, 8, 9)
+    ]
+    assert point_names_of("x=range(0.1,0.5,0.1)") == ["x=0.1", "x=0.2", "x=0.3", "x=0.4"]
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["swift.learning_rate=7e-5,1e-4"], ["learning_rate=7e-05", "learning_rate=0.0001"]),
+        (["x=2.0,0.5", "seed=1"], ["seed=1,x=2.0", "seed=1,x=0.5"]),
+        (["x=1.0000000000001,1.0000000000002"], ["x=1.0000000000001", "x=1.0000000000002"]),
+    ],
+    ids=["typed short", "whole floats", "apart only past 12 digits"],
+)
+def test_a_float_point_keeps_the_name_hydra_gives_it_where_that_is_short(args: list[str], names: list[str]) -> None:
+    """A run's dir and storage prefix follow its name: a sweep run again must find the runs it made before,
+    and two points never share a name."""
+    assert point_names_of(*args) == names
