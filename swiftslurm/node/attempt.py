@@ -40,7 +40,7 @@ from functools import cached_property, partial
 from pathlib import Path
 
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_step, newest_committed
-from swiftslurm.errors import NodeError, SlurmError
+from swiftslurm.errors import NodeError, SlurmError, StorageError
 from swiftslurm.node import decide, observers, outcome
 from swiftslurm.node.conclude import (
     close_lost_attempt,
@@ -64,6 +64,7 @@ from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
+from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import NodeSync
 from swiftslurm.tiny import build_tiny_assets
 
@@ -151,13 +152,28 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None
     attempt = Attempt(run_dir, plan, where, attempt_id(where), signals, started=time.time(), nonce=lease.nonce(where))
     attempt.entered[Phase.PREPARE.value] = attempt.started
     watching = observers.load()  # SWIFTSLURM_PHASE_OBSERVERS (observers.py); none unless it is set
-    while attempt.phase is not Phase.DONE:
-        observers.notify(watching, attempt.entering())
-        attempt.phase = PHASES[attempt.phase](attempt)
-        attempt.entered.setdefault(attempt.phase.value, time.time())
-        _record_phase(attempt)
+    try:
+        while attempt.phase is not Phase.DONE:
+            observers.notify(watching, attempt.entering())
+            attempt.phase = PHASES[attempt.phase](attempt)
+            attempt.entered.setdefault(attempt.phase.value, time.time())
+            _record_phase(attempt)
+    except Exception as err:  # the run dir must say how the run ended, whoever reads it (status, wait=true)
+        _record_failure(attempt, err)
+        raise
     assert attempt.result is not None  # every way to DONE sets it
     return attempt.result
+
+
+def _record_failure(a: Attempt, error: Exception) -> None:
+    """A phase raised (a bug, a filesystem error, an observer): node 0 records the attempt and the run as failed
+    with the error, unless the phase recorded its own end (CONCLUDE does), a lease lost means another job
+    leads, or it never held the lease and another job leads."""
+    if not a.leader or a.phase is Phase.CONCLUDE or isinstance(error, lease.LeaseLost):
+        return
+    if a.lease is None and lease.led_elsewhere(a.run_dir, a.where) is not None:
+        return
+    record_wrapper_failure(a.run_dir, a.where, a.id, error, during=f"in phase {a.phase.value} of")
 
 
 def _record_phase(a: Attempt) -> None:
@@ -187,6 +203,10 @@ def _prepare(a: Attempt) -> Phase:
             return _stopped(a, why)
     if a.leader and (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id, a.lease)) is not None:
         return _stopped(a, why)
+    if a.leader and (why := _store_unreachable(a)) is not None:
+        record_refusal(a.run_dir, a.where, a.id, why)
+        publish_failure(resume_file(a.run_dir, a.id), why, a.nonce)
+        return _stopped(a, why)
     # Once per job, not after a requeue: every node must take the same branch, and SLURM's restart count is
     # the one fact they all share before the run dir is known to be shared.
     if a.plan.preflight.enabled and a.where.restart_count == 0:
@@ -206,6 +226,26 @@ def _lead(a: Attempt) -> str | None:
     print(f"[swiftslurm] {taken}", flush=True)
     publish_failure(resume_file(a.run_dir, a.id), taken, a.nonce)
     return taken
+
+
+def _store_unreachable(a: Attempt) -> str | None:
+    """At the run's first attempt, why node 0 cannot use the object store the login side reached when the run
+    was submitted (None: it can, or the run has no storage, or it is not the first attempt). An endpoint only
+    the login node reaches (127.0.0.1, a name only it resolves) would otherwise train with every upload failing;
+    later, the store being down is an outage (restore: requeue with back-off), not the input."""
+    if a.plan.storage is None or a.where.restart_count or records.read_attempts(a.run_dir):
+        return None
+    try:
+        CheckpointStore.quick(a.plan.storage).check_access()
+    except StorageError as err:
+        host = socket.gethostname()
+        return (
+            f"node 0 ({host}) cannot reach the object store {a.plan.storage.url} that the login node reached "
+            f"when the run was submitted: {str(err).splitlines()[0]}; the run stops before training. HINT: set "
+            "storage.endpoint_url to an address every node reaches (not 127.0.0.1 or localhost: that is each "
+            "node's own loopback), see docs/storage.md, then rerun the same command"
+        )
+    return None
 
 
 def _preflight(run_dir: Path, where: SlurmEnv, attempt: str) -> str | None:

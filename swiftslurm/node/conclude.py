@@ -235,11 +235,13 @@ def record_requeue_failure(
     return why
 
 
-def record_wrapper_failure(run_dir: Path, where: SlurmEnv, attempt: str, error: BaseException) -> None:
-    """Node 0's concluding failed (a bug, a filesystem error): the attempt still gets a row and the run a final
-    state, `failed` with the error, so the run dir says how it ended; nothing requeues it (the wrapper exits
-    with the error). Best effort: a second error here is only printed."""
-    why = f"swiftslurm's wrapper failed while concluding attempt {attempt}: {error!r}; rerun the same command to resume"
+def record_wrapper_failure(
+    run_dir: Path, where: SlurmEnv, attempt: str, error: BaseException, during: str = "while concluding"
+) -> None:
+    """Node 0's wrapper failed (a bug, a filesystem error) ``during`` a step of the attempt: the attempt still
+    gets a row and the run a final state, `failed` with the error, so the run dir says how it ended; nothing
+    requeues it (the wrapper exits with the error). Best effort: a second error here is only printed."""
+    why = f"swiftslurm's wrapper failed {during} attempt {attempt}: {error!r}; rerun the same command to resume"
     try:
         record = _unstarted(where, attempt, round(time.time(), 3), reason="infra", decision="stop", why=why)
         records.append_attempt(run_dir, record)

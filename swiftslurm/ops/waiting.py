@@ -37,8 +37,9 @@ class QueueSpot:
     pending: int | None = None
 
     def describe(self) -> str:
-        place = f", {self.position} of {self.pending} pending in its partition" if self.position else ""
-        return f"SLURM: {self.reason}{place}"
+        place = f"{self.position} of {self.pending} pending in its partition" if self.position else ""
+        reason = f"SLURM: {self.reason}" if self.reason and self.reason != "None" else ""  # None: not yet judged
+        return ", ".join(part for part in (reason, place) if part)
 
 
 def waiting_for(run_dir: Path, facts: RunFacts, queue: QueueSpot | None = None) -> str:
@@ -46,12 +47,15 @@ def waiting_for(run_dir: Path, facts: RunFacts, queue: QueueSpot | None = None) 
     'restoring: downloading checkpoint-40 from s3://b/p/ (1.2 of 3.4 GiB)', 'training: step 26 of 40'."""
     if facts.state in ("pending", "requeued"):
         what = "in the queue" if facts.state == "pending" else "requeued, waiting to start again"
-        return f"{what} ({queue.describe()})" if queue else what
-    if facts.state != "running":
-        return facts.state
+        return f"{what} ({queue.describe()})" if queue and queue.describe() else what
     status = read_status(run_dir) or {}
     phase, attempt = str(status.get("phase") or "prepare"), status.get("attempt")
     here = attempt_dir(run_dir, str(attempt)) if attempt else None
+    if phase == "finish_uploads":  # the run's end is recorded already: the last uploads are awaited
+        pending = (facts.storage or {}).get("pending", [])
+        return f"uploading: {len(pending)} checkpoint(s) still to upload" if pending else "uploading"
+    if facts.state != "running":
+        return f"{facts.state}; waiting for the job to end"
     if phase == "prepare":
         return "starting on the nodes (allocation check, lease, preflight)"
     if phase == "agree_on_resume":
@@ -59,9 +63,6 @@ def waiting_for(run_dir: Path, facts: RunFacts, queue: QueueSpot | None = None) 
         return f"restoring: {describe_leader_beat(leader)}" if leader else "choosing the resume point"
     if phase == "train":
         return _training(here)
-    if phase == "finish_uploads":
-        pending = (facts.storage or {}).get("pending", [])
-        return f"uploading: {len(pending)} checkpoint(s) still to upload" if pending else "uploading"
     return {
         "conclude": "concluding the attempt",
         "await_outcome": "waiting for node 0's decision",

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from swiftslurm import tiny
 from swiftslurm.engines.base import as_list
@@ -151,8 +152,22 @@ def save_budget_warning(cfg: Config, plan: JobPlan) -> str | None:
 def plan_warnings(cfg: Config, plan: JobPlan) -> list[str]:
     """What the user should know about a plan that is not refused, one line each (`warning: ... HINT: ...`):
     the save budget, a narrow memory fit, and what the engine's resume does with these arguments."""
-    warnings = [save_budget_warning(cfg, plan), memory_plan.narrow_fit_warning(cfg)]
+    warnings = [save_budget_warning(cfg, plan), memory_plan.narrow_fit_warning(cfg), loopback_store_warning(plan)]
     return [w for w in warnings if w is not None] + engine_for(plan.launcher).resume_warnings(plan.swift_argv)
+
+
+def loopback_store_warning(plan: JobPlan) -> str | None:
+    """A SLURM run whose object store is on a loopback address: this machine reaches it, the nodes reach their
+    own loopback (node 0 checks at the first attempt and stops the run if it cannot reach the store)."""
+    endpoint = plan.storage.endpoint_url if plan.storage else None
+    host = urlsplit(endpoint or "").hostname
+    if plan.slurm is None or host is None or not (host == "localhost" or host.startswith("127.") or host == "::1"):
+        return None
+    return (
+        f"warning: storage.endpoint_url {endpoint} is on {host}: 127.0.0.1 is each node's own "
+        "loopback, so the nodes reach it only if a store runs on every node. HINT: use an address the nodes "
+        "reach (docs/storage.md shows a local server they can)."
+    )
 
 
 def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:

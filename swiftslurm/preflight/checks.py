@@ -178,6 +178,19 @@ def local_path(path: str, exists: bool) -> Check:
     )
 
 
+def store_reachable(url: str, error: str | None) -> Check:
+    """The object store answers this node (storage=s3): every node uploads or restores."""
+    if error is None:
+        return Check("object store", True, f"{url} answers")
+    return Check(
+        "object store",
+        False,
+        f"{url} cannot be reached from this node: {error}.",
+        "HINT: set storage.endpoint_url to an address every node reaches (not 127.0.0.1 or localhost: each "
+        "node's own loopback); docs/storage.md.",
+    )
+
+
 def free_disk(path: str, free_bytes: int, need_gb: float) -> Check:
     free_gb = free_bytes / 1e9
     detail = f"{free_gb:.1f} GB free in {path}, {need_gb:.1f} GB needed"

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.errors import SwiftSlurmError
-from swiftslurm.plan import JobPlan
+from swiftslurm.errors import StorageError, SwiftSlurmError
+from swiftslurm.plan import JobPlan, StorageSpec
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import probe as torch_probe
 from swiftslurm.rundir.jsonio import peek_json, read_json, write_json_atomic
@@ -234,7 +234,20 @@ def _local_checks(ctx: Context) -> list[pc.Check]:
     where = _existing_parent(ctx.plan.output_dir)
     checks.append(pc.free_disk(str(where), shutil.disk_usage(where).free, ctx.plan.preflight.min_free_gb))
     checks.append(_gpu_check(ctx.plan))
+    if ctx.plan.storage is not None:
+        checks.append(_store_check(ctx.plan.storage))
     return checks
+
+
+def _store_check(spec: StorageSpec) -> pc.Check:
+    """Ask the object store for one key from this node, within CheckpointStore.quick's bound."""
+    from swiftslurm.storage.store import CheckpointStore
+
+    try:
+        CheckpointStore.quick(spec).check_access()
+    except StorageError as err:
+        return pc.store_reachable(spec.url, str(err).splitlines()[0])
+    return pc.store_reachable(spec.url, None)
 
 
 def _write_token(ctx: Context) -> pc.Check:

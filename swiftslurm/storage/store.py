@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -81,6 +81,15 @@ class UploadResult:
     size: int  # bytes sent now
     seconds: float
     already_remote: bool = False  # the remote manifest existed: nothing was sent
+
+
+QUICK_ATTEMPTS = 3  # tries of a check someone waits on (CheckpointStore.quick)
+QUICK_TIMEOUT_S = 5.0  # connect and read timeout of each
+
+
+def quick_bound_s() -> float:
+    """How long a quick check can take at most, roughly: every try's connect and read timeouts."""
+    return QUICK_ATTEMPTS * 2 * QUICK_TIMEOUT_S
 
 
 def make_client(spec: StorageSpec) -> Any:
@@ -229,6 +238,12 @@ class CheckpointStore:
 
     def key(self, step: int, path: str = "") -> str:
         return f"{self.spec.root}checkpoint-{step}/{path}"
+
+    @classmethod
+    def quick(cls, spec: StorageSpec) -> CheckpointStore:
+        """A store for a check that someone waits on: QUICK_ATTEMPTS tries, QUICK_TIMEOUT_S each, so an
+        unreachable endpoint is said within a stated bound instead of after the full retry budget."""
+        return cls(replace(spec, max_attempts=QUICK_ATTEMPTS, timeout_s=min(spec.timeout_s, QUICK_TIMEOUT_S)))
 
     def check_access(self) -> None:
         """Fail now, with the fix, when the bucket is missing or the credentials do not work: before a job is

@@ -12,6 +12,7 @@ import pytest
 
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts
+from swiftslurm.testing.s3 import SeaweedServer, use_test_credentials
 
 pytestmark = [pytest.mark.slurm]
 
@@ -50,3 +51,26 @@ def test_a_user_error_ends_the_wait_in_one_line_and_the_fixed_rerun_replans_the_
     assert (record["reason"], record["decision"]) == ("finished", "done"), record
     [kept] = (run_dir / "replaced").iterdir()
     assert "no_such_module" in (kept / "plan.json").read_text()
+
+
+def test_a_store_the_login_node_reaches_and_the_nodes_do_not_stops_the_run_with_that_reason(
+    tmp_path: Path, slurm_cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint is 127.0.0.1: the submit-time check passes (the store listens on this machine's loopback),
+    the nodes (network namespaces) reach nothing there. The run must stop at its first attempt saying so, not
+    fail "without a final record" (and be recorded later as a lost attempt, "requeued in 30s")."""
+    use_test_credentials(monkeypatch)
+    with SeaweedServer(host="127.0.0.1") as server:
+        server.create_bucket("unreached")
+        run_dir = tmp_path / "run"
+        storage = ("storage=s3", "storage.bucket=unreached", f"storage.endpoint_url={server.endpoint_url}")
+        storage += ("storage.addressing_style=path", "storage.region=us-east-1")
+        done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *SHORT, *storage, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "127.0.0.1 is each node's own loopback" in done.stderr  # said when planned, before submitting
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("swiftslurm: error: ")]
+    assert "cannot reach the object store" in error and "node" in error, error
+    [record] = attempts(run_dir)
+    assert (record["reason"], record["decision"]) == ("user_error", "stop"), record
+    shown = swiftslurm("status", str(run_dir), cwd=tmp_path)
+    assert "cannot reach the object store" in shown.stdout and "without a final record" not in shown.stdout

@@ -114,3 +114,28 @@ def test_the_cluster_tests_hold_loads_by_its_path_and_holds_only_the_first_leade
     assert not marker.exists()
     hold(PhaseEntered("prepare", "7", LOCAL, lambda: True))
     assert marker.read_text().startswith("prepare ")
+
+
+def test_a_phase_that_raises_leaves_the_run_failed_with_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapper dying before training wrote nothing: status said "job failed without a final record" and the
+    next job closed the attempt as lost ("a node was lost, or the job was killed; requeued"). Node 0 records the
+    attempt and the run as failed, with the error and the phase it came in."""
+    from swiftslurm.rundir.records import read_attempts, read_status
+
+    failing = "def on_phase(event):\n    if event.phase == 'agree_on_resume':\n        raise OSError(5, 'disk gone')\n"
+    monkeypatch.setenv(OBSERVERS_ENV, str(observer_file(tmp_path, failing)))
+    monkeypatch.setattr(attempt, "train", lambda *_: pytest.fail("no trainer should start"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan = replace(plan_for(f"run_dir={run_dir}", "swift.max_steps=20", "swift.save_steps=10"), tiny_cache=None)
+
+    with pytest.raises(OSError, match="disk gone"):
+        attempt.run(run_dir, plan, LOCAL)
+
+    status = read_status(run_dir) or {}
+    assert status.get("state") == "failed", status
+    assert "failed in phase agree_on_resume of attempt local-" in status["why"] and "disk gone" in status["why"]
+    [record] = read_attempts(run_dir)
+    assert (record.reason, record.decision) == ("infra", "stop")

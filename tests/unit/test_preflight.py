@@ -47,6 +47,15 @@ def test_free_disk_threshold(free_gb: float, need_gb: float, ok: bool) -> None:
     assert ok or "keep_checkpoints" in check.hint
 
 
+def test_a_store_a_node_cannot_reach_fails_with_the_fix() -> None:
+    """An endpoint the login node reaches and the nodes do not (127.0.0.1): each node asks the store itself."""
+    ok = pc.store_reachable("s3://b/p/ at http://10.0.0.5:9000", None)
+    assert ok.ok and ok.name == "object store"
+    failed = pc.store_reachable("s3://b/p/ at http://127.0.0.1:9000", "cannot reach s3://b/p/")
+    assert not failed.ok and "cannot be reached from this node" in failed.message
+    assert "storage.endpoint_url" in failed.message and "loopback" in failed.message
+
+
 @pytest.mark.parametrize(
     ("params_b", "tuner", "need"),
     [(0.0, "lora", 1.0), (8.0, "lora", 1.6), (8.0, "full", 112.0), (72.0, "full", 1008.0), (0.5, "full", 7.0)],

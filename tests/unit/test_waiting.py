@@ -56,6 +56,11 @@ def test_each_phase_of_an_attempt_is_named_with_its_progress(tmp_path: Path) -> 
     write_status(tmp_path, "running", job_id="7", attempt="7", phase="finish_uploads")
     uploading = replace(FACTS, storage={"pending": [30, 40]})
     assert waiting_for(tmp_path, uploading) == "uploading: 2 checkpoint(s) still to upload"
+    ended = replace(uploading, state="finished")  # the run's end is written before its last uploads
+    assert waiting_for(tmp_path, ended) == "uploading: 2 checkpoint(s) still to upload"
+    write_status(tmp_path, "finished", job_id="7", attempt="7", phase="done")
+    assert waiting_for(tmp_path, ended) == "finished; waiting for the job to end"
+    assert waiting_for(tmp_path, queued, QueueSpot("None", 1, 1)) == "in the queue (1 of 1 pending in its partition)"
 
 
 def test_a_new_wait_is_said_at_once_and_an_unchanged_one_again_every_repeat_s() -> None:
