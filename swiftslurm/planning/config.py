@@ -255,7 +255,8 @@ class Config:
     preflight: bool = doc(
         False,
         "Run the pre-launch checks (docs/operations.md) on the allocation before the first attempt of each job: "
-        "network, master port, shared run dir, model/dataset paths, free disk, GPUs; a failure stops the run.",
+        "network, master port, shared run dir, model/dataset paths, free disk, GPUs, the object store; a failure "
+        "stops the run.",
     )
     preflight_timeout_s: float = doc(60.0, "How long the preflight rendezvous and all-reduce may take, in seconds.")
     preflight_min_free_gb: float | None = doc(
