@@ -117,6 +117,7 @@ def doc() -> str:
         "every setting.",
         "",
         "```text",
+        "$ python -m swiftslurm --help",
     ]
     return "\n".join(head) + "\n" + render() + "```\n"
 
