@@ -21,7 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from swiftslurm.cli.mistakes import to_config
 from swiftslurm.errors import SwiftSlurmError, report
-from swiftslurm.launch import already_submitted, check_run_dir, dry_run_text, ready_to_submit, wait_for, write_run_dir
+from swiftslurm.launch import (
+    already_submitted,
+    check_run_dir,
+    dry_run_resume_note,
+    dry_run_text,
+    ready_to_submit,
+    resume_note,
+    wait_for,
+    write_run_dir,
+)
 from swiftslurm.planning import memory_plan
 from swiftslurm.planning.config import open_dict_overrides, register_configs
 from swiftslurm.planning.make import PlanContext, make_plan, plan_warnings
@@ -41,14 +50,17 @@ def run(cfg: DictConfig) -> int:
     checked = check_run_dir(plan)
     run_dir = Path(plan.run_dir)
     skip = already_submitted(run_dir, run_dir_given=config.run_dir is not None)
+    remote_step, resume_line = None, None
     if skip is None and not cfg.dry_run:
-        submit.check_submission(plan)  # a run SLURM or the store would refuse leaves nothing behind
+        remote_step = submit.check_submission(plan)  # a run SLURM or the store would refuse leaves nothing behind
+    elif skip is None:
+        resume_line = dry_run_resume_note(plan)  # another plan's checkpoints under the prefix: refused unwritten
     if skip is None:  # a run that is not submitted again keeps its run dir as it is
         write_run_dir(plan, OmegaConf.to_yaml(cfg), checked)
     for note in [*plan_warnings(config, plan), *filter(None, [checked.note(run_dir)])]:
         print(f"swiftslurm: {note}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan))
+        notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan), resume_line)
         print(dry_run_text(plan, run_dir, skip, tuple(n for n in notes if n)))  # shrink: only a run that may
         return 0
     if skip is not None:
@@ -58,6 +70,8 @@ def run(cfg: DictConfig) -> int:
     job = submit.submit(plan)
     record_submission(run_dir, str(job.job_id), plan.scheduler)
     print(f"submitted job {job.job_id} ({plan.scheduler}); run dir {run_dir}", flush=True)
+    if (resumes := resume_note(plan, remote_step)) is not None:
+        print(resumes, flush=True)
     if plan.scheduler == "local" or cfg.wait:
         return wait_for(job, plan)
     print("Not waiting (wait=false): `python -m swiftslurm status RUN_DIR`, `... logs -f RUN_DIR`.")

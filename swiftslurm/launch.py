@@ -7,6 +7,7 @@ Login side only: imports OmegaConf (and submitit when waiting).
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import time
@@ -121,6 +122,40 @@ def check_run_dir(plan: JobPlan) -> RunDirCheck:
 
     sbatch = render_sbatch(plan) if plan.slurm is not None else None  # refuses values #SBATCH cannot carry
     return RunDirCheck(sbatch, replaces)
+
+
+def resume_note(plan: JobPlan, remote_step: int | None) -> str | None:
+    """Where the run will resume when that is a checkpoint in object storage newer than any in its run dir
+    (a new run dir of a run name trained before, a wiped disk): said before it happens, not found afterwards."""
+    from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
+
+    if plan.storage is None or remote_step is None:
+        return None
+    local, _ = newest_committed(plan.output_dir)
+    if local is not None and (checkpoint_step(local) or 0) >= remote_step:
+        return None
+    came = f"s3://{plan.storage.bucket}/{plan.storage.root}checkpoint-{remote_step}"
+    return (
+        f"will resume from {came}: the newest checkpoint under storage.prefix (planned with these settings), "
+        f"newer than any in {plan.run_dir}. HINT: another storage.prefix (or run_name) trains anew."
+    )
+
+
+def dry_run_resume_note(plan: JobPlan) -> str | None:
+    """The dry run's resume_note, when this shell has credentials to ask the store with (else what submitting
+    will do); a store that cannot be asked is said, not an error: nothing is submitted."""
+    from swiftslurm.errors import StorageError
+
+    if plan.storage is None:
+        return None
+    if not any(name in os.environ for name in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE")):
+        return f"resume: {plan.storage.url} is asked for a newer checkpoint at submission (no credentials here)"
+    try:
+        from swiftslurm.submit.jobs import check_storage
+
+        return resume_note(plan, check_storage(plan))
+    except StorageError as err:
+        return f"resume: could not ask {plan.storage.url} for a newer checkpoint: {str(err).splitlines()[0]}"
 
 
 def dry_run_text(plan: JobPlan, run_dir: Path, not_written: str | None = None, notes: tuple[str, ...] = ()) -> str:

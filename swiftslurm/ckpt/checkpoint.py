@@ -205,6 +205,7 @@ class ResumePoint:
     complete: bool = False  # the checkpoint is the run's planned last step: nothing is left to train
     restore_error: str | None = None  # the object store could not be read: this is the newest local checkpoint
     removed: tuple[Path, ...] = ()  # deleted before anything was set aside (`reclaim`)
+    restored: str | None = None  # where ``checkpoint`` was downloaded from (object storage), this attempt
 
 
 def newest_committed(output_dir: Path) -> tuple[Path | None, list[str]]:

@@ -65,7 +65,7 @@ from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, node_log, node_re
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
 from swiftslurm.storage.store import CheckpointStore
-from swiftslurm.storage.sync import NodeSync
+from swiftslurm.storage.sync import NodeSync, last_synced_step
 from swiftslurm.tiny import build_tiny_assets
 
 
@@ -124,6 +124,7 @@ class Attempt:
     lease: lease.Lease | None = None  # leader: its lease on the run dir, checked before destructive steps
     entered: dict[str, float] = field(default_factory=dict)  # phase -> when this attempt entered it (the ledger)
     nonce: str | None = None  # this run of the SLURM job (lease.nonce), in resume.json
+    recorded: bool = False  # the attempt's end is in the records already (a refusal, a failed conclude)
 
     @cached_property
     def shape(self) -> AttemptShape:
@@ -167,9 +168,9 @@ def run(run_dir: Path, plan: JobPlan, where: SlurmEnv, signals: SignalLog | None
 
 def _record_failure(a: Attempt, error: Exception) -> None:
     """A phase raised (a bug, a filesystem error, an observer): node 0 records the attempt and the run as failed
-    with the error, unless the phase recorded its own end (CONCLUDE does), a lease lost means another job
-    leads, or it never held the lease and another job leads."""
-    if not a.leader or a.phase is Phase.CONCLUDE or isinstance(error, lease.LeaseLost):
+    with the error, unless the phase recorded its end itself (a refusal, CONCLUDE), a lease lost means another
+    job leads, or it never held the lease and another job leads."""
+    if not a.leader or a.recorded or isinstance(error, lease.LeaseLost):
         return
     if a.lease is None and lease.led_elsewhere(a.run_dir, a.where) is not None:
         return
@@ -188,7 +189,7 @@ def _prepare(a: Attempt) -> Phase:
     try:
         check_allocation(a.where, a.plan)
     except NodeError as err:  # the job's log may be anywhere (sbatch by hand): the run dir must say why
-        record_refusal(a.run_dir, a.where, a.id, str(err))
+        a.recorded = record_refusal(a.run_dir, a.where, a.id, str(err))
         raise
     if a.plan.tiny_cache:  # built on the login side already; this only checks (or builds if submitted by hand)
         build_tiny_assets(Path(a.plan.tiny_cache))
@@ -196,7 +197,7 @@ def _prepare(a: Attempt) -> Phase:
         try:
             why = _lead(a)
         except NodeError as err:  # the run dir cannot fence a leader (no hard links): it must say why
-            record_refusal(a.run_dir, a.where, a.id, str(err))
+            a.recorded = record_refusal(a.run_dir, a.where, a.id, str(err))
             publish_failure(resume_file(a.run_dir, a.id), str(err), a.nonce)
             raise
         if why is not None:
@@ -229,12 +230,14 @@ def _lead(a: Attempt) -> str | None:
 
 
 def _store_unreachable(a: Attempt) -> str | None:
-    """At the run's first attempt, why node 0 cannot use the object store the login side reached when the run
-    was submitted (None: it can, or the run has no storage, or it is not the first attempt). An endpoint only
-    the login node reaches (127.0.0.1, a name only it resolves) would otherwise train with every upload failing;
-    later, the store being down is an outage (restore: requeue with back-off), not the input."""
+    """At the run's first attempt (nothing recorded, committed or uploaded yet), why node 0 cannot use the object
+    store the login side reached when the run was submitted (None: it can, no storage, not the first attempt).
+    An endpoint only the login node reaches (127.0.0.1, a name only it resolves) would otherwise train with every
+    upload failing; later, the store being down is an outage (restore: requeue with back-off), not the input."""
     if a.plan.storage is None or a.where.restart_count or records.read_attempts(a.run_dir):
         return None
+    if last_synced_step(a.run_dir) or newest_committed(a.plan.output_dir)[0] is not None:
+        return None  # the run dir has trained or uploaded before: an unreachable store is an outage now
     try:
         CheckpointStore.quick(a.plan.storage).check_access()
     except StorageError as err:
@@ -374,6 +377,7 @@ def _conclude(a: Attempt) -> Phase:
             a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts, a.entered)
         except Exception as err:  # the run dir must still say how the attempt ended, and the others end too
             record_wrapper_failure(a.run_dir, a.where, a.id, err)
+            a.recorded = True
             outcome.publish(here, outcome.Outcome(outcome.END, None), a.nonce)
             raise
     restart = a.decision.action is decide.Action.RESTART

@@ -310,6 +310,7 @@ def _facts(
         failed_host=failed,
         unrestored=observed.unrestored,
         trained_before=_trained_before(run_dir, resume),
+        restored_from=resume.restored,
         save_space=_save_space(plan, observed),
     )
 
@@ -501,6 +502,7 @@ def _record(
         quarantined=tuple(str(p) for p in resume.quarantined),
         rejected=tuple(resume.rejected),
         restore_error=resume.restore_error,
+        restored_from=resume.restored,
         removed=tuple(str(p) for p in resume.removed),
         committed_step=committed_step,
         progressed=(committed_step or 0) > resume.step,

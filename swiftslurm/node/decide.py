@@ -100,6 +100,7 @@ class AttemptFacts:
     # step. Then the same input has worked, and an error at start-up is the machine's, not the user's.
     trained_before: bool = False
     save_space: SaveSpace | None = None  # the trainer ended with its newest checkpoint unfinished
+    restored_from: str | None = None  # the resume point was downloaded from object storage (s3://.../checkpoint-N)
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -280,6 +281,11 @@ def classify(facts: AttemptFacts, user_error_window_s: float = 300) -> tuple[Rea
     """Why the attempt ended, and one line for humans. The rules are tried in order; the first match wins."""
     steps = steps_phrase(facts.steps_done)
     if facts.reached_last_step:  # committed at its last step: a kill or crash after that loses nothing
+        if facts.steps_done == 0 and facts.restored_from:
+            return (
+                Reason.FINISHED,
+                f"nothing left to train: its last step was restored from {facts.restored_from}",
+            )
         return Reason.FINISHED, f"training reached its last step ({facts.steps_done} steps this attempt)"
     if facts.save_space is not None and facts.save_space.did_not_fit():  # whatever ended the trainer after
         return Reason.DISK_FULL, facts.save_space.line()

@@ -97,13 +97,13 @@ def _choose(
     ranks: int | None = None,
 ) -> ResumePoint:
     identity = plan.identity()
-    restore_error, reclaimed = None, None
+    restore_error, reclaimed, restored = None, None, None
     try:
         if plan.storage is not None:
             _fence(lease, "restore from object storage")
             # Before the restore, which may set aside a damaged local copy of its own: that one stays.
             reclaimed = tuple(reclaim_set_aside(plan.output_dir))
-            restore_error = _restore(plan, beat, identity, stopped)
+            restored, restore_error = _restore(plan, beat, identity, stopped)
         if stopped():  # the last moment to end the attempt before the other nodes start their trainers
             raise Interrupted("a stop signal came before the resume point was published")
         beat.doing("choosing the resume point")
@@ -120,20 +120,23 @@ def _choose(
     attempt_dir.mkdir(parents=True, exist_ok=True)
     chosen = {"checkpoint": str(point.checkpoint) if point.checkpoint else None, "step": point.step}
     write_json_atomic(path, {**chosen, "complete": point.complete, "nonce": nonce})
-    return replace(point, restore_error=restore_error)
+    came_from = f"s3://{plan.storage.bucket}/{plan.storage.root}{restored.name}" if plan.storage and restored else None
+    return replace(point, restore_error=restore_error, restored=came_from if point.checkpoint == restored else None)
 
 
-def _restore(plan: JobPlan, beat: LeaderBeat, identity: str, stopped: Callable[[], bool]) -> str | None:
-    """Restore from the store what it has newer than the local checkpoints; None when that went well. When the
-    store cannot be read: why (the resume point is then the newest local checkpoint), or Unrestored when that
-    is older than the newest step this run dir uploaded (training from it would lose the steps in between)."""
+def _restore(
+    plan: JobPlan, beat: LeaderBeat, identity: str, stopped: Callable[[], bool]
+) -> tuple[Path | None, str | None]:
+    """Restore from the store what it has newer than the local checkpoints: what was downloaded (None:
+    nothing newer), and None for the error. When the store cannot be read: why (the resume point is then the
+    newest local checkpoint), or Unrestored when that is older than the newest step this run dir uploaded
+    (training from it would lose the steps in between)."""
     assert plan.storage is not None
     beat.doing(f"looking for a newer checkpoint in {plan.storage.url}")
     store = CheckpointStore(plan.storage)
     restoring = lambda: restore(plan.storage, plan.output_dir, beat, identity, store)  # noqa: E731
     try:
-        _cancelled_when_stopped(restoring, store, stopped)
-        return None
+        return _cancelled_when_stopped(restoring, store, stopped), None
     except StorageError as err:
         local, _ = newest_committed(plan.output_dir)
         local_step, synced = (checkpoint_step(local) or 0) if local else 0, last_synced_step(Path(plan.run_dir))
@@ -143,7 +146,7 @@ def _restore(plan: JobPlan, beat: LeaderBeat, identity: str, stopped: Callable[[
                 f"than step {synced}, uploaded before: {err}"
             ) from err
         print(f"[swiftslurm] resuming from local step {local_step}, not older than any upload: {err}", flush=True)
-        return str(err)
+        return None, str(err)
 
 
 def _reshard(
@@ -165,7 +168,9 @@ def _fence(lease: Lease | None, step: str) -> None:
         lease.check(step)
 
 
-def _cancelled_when_stopped(work: Callable[[], object], store: CheckpointStore, stopped: Callable[[], bool]) -> None:
+def _cancelled_when_stopped(
+    work: Callable[[], Path | None], store: CheckpointStore, stopped: Callable[[], bool]
+) -> Path | None:
     """Run ``work`` (a restore, maybe hundreds of GB) in a thread of its own, so that a stop signal cancels
     it within POLL_S instead of after the download: SLURM kills the job GraceTime after its signal. A
     cancelled download leaves nothing behind (CheckpointStore.download); one that finished is kept."""
@@ -176,7 +181,7 @@ def _cancelled_when_stopped(work: Callable[[], object], store: CheckpointStore, 
                 store.cancel()  # again at each poll: a transfer may start after the previous cancel
     if stopped():
         raise Interrupted("a stop signal came during the restore from object storage; it was cancelled")
-    running.result()
+    return running.result()
 
 
 def _ours(path: Path, nonce: str | None) -> dict[str, Any] | None:

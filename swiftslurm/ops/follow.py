@@ -220,7 +220,14 @@ def nothing_yet(run_dir: Path, facts: RunFacts, follow: bool) -> int:
     """No node logs: say why on stderr. Exit 1 when none will come, 0 when the job is still to start."""
     why = f": {facts.why}" if facts.why else ""
     hint = "" if follow or facts.state in SETTLED else " HINT: `logs -f` waits for it."
-    print(f"swiftslurm logs: {run_dir}: no attempt has started yet (state: {facts.state}{why}).{hint}", file=sys.stderr)
+    ended = read_attempts(run_dir)
+    if ended:  # attempts that ended without starting a trainer (nothing left to train, a refusal, the store)
+        last = ended[-1]
+        said = f"none of its {len(ended)} attempt(s) started a trainer (the last, {last.attempt}: "
+        said += f"{last.reason} → {last.decision})"
+    else:
+        said = "no attempt has started yet"
+    print(f"swiftslurm logs: {run_dir}: {said} (state: {facts.state}{why}).{hint}", file=sys.stderr)
     return 1 if facts.state in SETTLED else 0
 
 

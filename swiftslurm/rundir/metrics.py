@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.rundir.jsonio import read_jsonl
+from swiftslurm.rundir.jsonio import read_json, read_jsonl
 from swiftslurm.rundir.layout import METRICS, leader_logs, output_dir
 
 
@@ -24,6 +24,7 @@ class Metrics:
     speeds: tuple[tuple[int, float], ...] = ()  # (step, seconds per step)
 
 
+TRAINER_STATE = "trainer_state.json"  # in a Transformers checkpoint: its step, max_steps and log history
 _LOG_RECORD = re.compile(r"\{'loss': [^{}]*\}")  # ms-swift's progress line in a node log (a dict's repr)
 
 
@@ -40,7 +41,26 @@ def _metric_records(run_dir: Path) -> list[dict[str, Any]]:
                 records.append(ast.literal_eval(match.group(0)))
             except (ValueError, SyntaxError):
                 continue
+    if not any("loss" in r for r in records if isinstance(r, dict)):
+        records += _checkpoint_history(run_dir)
     return records
+
+
+def _checkpoint_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The Trainer's log history saved in the newest checkpoint (trainer_state.json), as ms-swift's records: a
+    run dir that restored another one's checkpoint from object storage has no logs of those steps of its own."""
+    states = sorted(output_dir(run_dir).glob(f"checkpoint-*/{TRAINER_STATE}"), key=lambda p: _step_of(p.parent))
+    state = read_json(states[-1]) if states else None
+    if not state:
+        return []
+    total = state.get("max_steps")
+    history = [e for e in state.get("log_history", []) if isinstance(e, dict) and "loss" in e and "step" in e]
+    return [{"loss": e["loss"], "global_step/max_steps": f"{e['step']}/{total}"} for e in history]
+
+
+def _step_of(checkpoint: Path) -> int:
+    tail = checkpoint.name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else -1
 
 
 def read_metrics(run_dir: Path) -> Metrics:

@@ -68,6 +68,7 @@ class AttemptRecord:
     preflight: str | None = None  # "failed": the preflight stopped the run before training
     refused: bool | None = None  # the wrapper refused to start the attempt
     restore_error: str | None = None  # the object store could not be read before training (node/resume.py)
+    restored_from: str | None = None  # resumed_from was downloaded from this object (s3://bucket/prefix/checkpoint-N)
     requeue_error: str | None = None  # `scontrol requeue` failed after the row said requeue (amend_attempt)
     leftovers: tuple[str, ...] = ()  # "nodeN: PID NAME (state...)": trainer processes that outlived their KILL
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -102,7 +103,16 @@ def _unset(value: Any) -> bool:
 
 # What a concluded attempt's row shows even when null or empty; only a run that may shrink adds its node counts,
 # and the errors of an outage appear only when there was one.
-_WHEN_SET = ("nodes", "next_nodes", "preflight", "refused", "restore_error", "requeue_error", "leftovers")
+_WHEN_SET = (
+    "nodes",
+    "next_nodes",
+    "preflight",
+    "refused",
+    "restore_error",
+    "restored_from",
+    "requeue_error",
+    "leftovers",
+)
 CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in _WHEN_SET)
 # The key of a line that corrects the attempt recorded before it with the same id (amend_attempt).
 AMENDS = "amends"

@@ -143,25 +143,28 @@ def check_cluster(plan: JobPlan) -> None:
         )
 
 
-def check_storage(plan: JobPlan) -> None:
+def check_storage(plan: JobPlan) -> int | None:
     """The bucket exists and this shell's credentials reach it (the nodes get the same environment), and the
     prefix holds no other run's checkpoints: the nodes would refuse to resume them, and remote retention
-    would count (and delete) them as this run's. The newest remote manifest speaks for the prefix."""
-    if plan.storage is not None:
-        from swiftslurm.ckpt.checkpoint import check_identity
-        from swiftslurm.storage.store import CheckpointStore, newest_remote_step
+    would count (and delete) them as this run's. The newest remote manifest speaks for the prefix. Returns
+    its step (None: no remote checkpoint, or no storage): the run resumes from it when it is the newest."""
+    if plan.storage is None:
+        return None
+    from swiftslurm.ckpt.checkpoint import check_identity
+    from swiftslurm.storage.store import CheckpointStore, newest_remote_step
 
-        store = CheckpointStore(plan.storage)
-        store.check_access()
-        if (step := newest_remote_step(store)) is not None:
-            check_identity(store.manifest(step), plan.identity(), store.key(step), error=ConfigError)
+    store = CheckpointStore(plan.storage)
+    store.check_access()
+    if (step := newest_remote_step(store)) is not None:
+        check_identity(store.manifest(step), plan.identity(), store.key(step), error=ConfigError)
+    return step
 
 
-def check_submission(plan: JobPlan) -> None:
+def check_submission(plan: JobPlan) -> int | None:
     """What SLURM and the object store would refuse, asked before the run dir is written: a refused run then
-    leaves nothing behind."""
+    leaves nothing behind. Returns the newest remote checkpoint's step (check_storage)."""
     check_cluster(plan)
-    check_storage(plan)
+    return check_storage(plan)
 
 
 def submit(plan: JobPlan) -> submitit.Job[Any]:

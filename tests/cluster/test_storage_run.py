@@ -139,6 +139,23 @@ def test_a_new_cluster_restores_from_the_store_and_ends_identical(
     assert attempt["resumed_from"] == str(second / "output" / f"checkpoint-{saved}")
     assert (second / ADAPTER).read_bytes() == uninterrupted
     assert store.committed_steps()[-1] == 120
+    assert f"will resume from s3://{BUCKET}/swiftslurm/moved/checkpoint-{saved}: " in done.stdout, done.stdout
+
+    # Cluster C: the same plan once more, in a run dir of its own: told before it happens that it resumes the
+    # finished run's last checkpoint; then status and logs show that run's history, not "none logged".
+    third = tmp_path / "cluster-c" / "run"
+    third.parent.mkdir()
+    again = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={third}", *overrides, cwd=third.parent)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"will resume from s3://{BUCKET}/swiftslurm/moved/checkpoint-120: " in again.stdout, again.stdout
+    restored = f"nothing left to train: its last step was restored from s3://{BUCKET}/swiftslurm/moved/checkpoint-120"
+    assert restored in again.stdout and "final loss       (none logged)" not in again.stdout, again.stdout
+    [record] = attempts(third)
+    assert record["restored_from"] == f"s3://{BUCKET}/swiftslurm/moved/checkpoint-120" and record["why"] == restored
+    shown = json.loads(swiftslurm("status", str(third), "--json", cwd=tmp_path).stdout)["runs"][0]
+    assert shown["loss"] is not None and shown["max_steps"] == 120, shown
+    logs = swiftslurm("logs", str(third), cwd=tmp_path)
+    assert "no attempt has started yet" not in logs.stderr and "downloaded checkpoint-120" in logs.stdout, logs
 
 
 def is_upload(head: bytes) -> bool:

@@ -813,3 +813,11 @@ def test_history_counts_stop_signals_in_a_row_without_progress(
     assert fold(*attempts).stops_without_progress == stops
     records = [record(reason, Action.REQUEUE, committed) for reason, committed, _ in attempts]
     assert history_of(records) == fold(*attempts)
+
+
+def test_a_run_whose_last_step_was_restored_says_so_not_zero_steps_this_attempt() -> None:
+    """A new run dir of a run name trained before: the restore brings its last step, no trainer starts."""
+    url = "s3://b/swiftslurm/moved/checkpoint-120"
+    reason, why = classify(facts(reached_last_step=True, steps_done=0, restored_from=url))
+    assert (reason, why) == (Reason.FINISHED, f"nothing left to train: its last step was restored from {url}")
+    assert "steps this attempt" in classify(facts(reached_last_step=True, steps_done=0))[1]

@@ -178,3 +178,15 @@ def test_a_resubmitted_run_is_not_hidden_by_the_earlier_jobs_final_state(tmp_pat
     resumed = gather(run_dir, SlurmView(available=True, states={"31": "PENDING"}))
     assert (resumed.state, resumed.job_id) == ("pending", "31")
     assert gather(run_dir).state == "pending"  # SLURM not asked: submitted, no word yet
+
+
+def test_a_run_dir_that_restored_another_ones_last_checkpoint_shows_its_loss(tmp_path: Path) -> None:
+    """No logging.jsonl and no node log of those steps here: the checkpoint's trainer_state.json holds them."""
+    run_dir = tmp_path / "run"
+    checkpoint = run_dir / "output" / "checkpoint-40"
+    checkpoint.mkdir(parents=True)
+    history = [{"loss": 1.5, "step": 20}, {"loss": 0.75, "step": 40}, {"train_runtime": 9.0, "step": 40}]
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"max_steps": 40, "log_history": history}))
+    metrics = read_metrics(run_dir)
+    assert (metrics.loss, metrics.step, metrics.max_steps) == (0.75, 40, 40)
+    assert metrics.losses == ((20, 1.5), (40, 0.75))

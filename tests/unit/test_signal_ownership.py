@@ -45,7 +45,7 @@ def committed_checkpoint(run_dir: Path, step: int, last_step: int, mib: int = 0)
     return folder
 
 
-class Trained(Exception):
+class Trained(BaseException):
     """Raised by the fake trainer: the attempt went on to train."""
 
 
