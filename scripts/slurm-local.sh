@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start/stop a real, local SLURM 22.05 cluster for swiftslurm's tests and CI.
 #
-#   scripts/slurm-local.sh up        install what is missing, start everything, self-check
+#   scripts/slurm-local.sh up [--force]  install what is missing, start everything, self-check; a
+#                                    healthy cluster with other settings is replaced only with --force
 #   scripts/slurm-local.sh down      stop what `up` started and remove its network setup
 #   scripts/slurm-local.sh restart   down + up
 #   scripts/slurm-local.sh status    daemons, nodes, sinfo; exit 1 if not healthy
@@ -19,7 +20,7 @@
 #
 # Needs root (apt, namespaces, /etc/hosts, /etc/slurm). Environment overrides:
 #   SWIFTSLURM_SLURM_STATE   state dir (configs, logs, pids, spool, DB)  [/tmp/swiftslurm-slurm]
-#   SWIFTSLURM_SLURM_NODES   number of compute nodes, >= 2                [2]
+#   SWIFTSLURM_SLURM_NODES   number of compute nodes, >= 2                [6]
 #   SWIFTSLURM_SLURM_SUBNET  first three octets of the /24 for the bridge [10.77.0]
 #   SWIFTSLURM_SLURM_BRIDGE  bridge interface name                        [sslurm0]
 #   SWIFTSLURM_SLURM_CPUS    CPUs each node advertises                    [nproc]
@@ -28,18 +29,18 @@
 #   SWIFTSLURM_SLURM_DB_PORT loopback TCP port of the private MariaDB     [13306]
 #   SWIFTSLURM_SLURM_GROUPS  node groups G: besides debug/urgent on every node, partitions
 #                            debugK/urgentK (K = 1..G) on the K-th NODES/G nodes, so G test
-#                            processes can run side by side without sharing a node     [1]
+#                            processes can run side by side without sharing a node     [2]
 set -euo pipefail
 
 STATE=${SWIFTSLURM_SLURM_STATE:-/tmp/swiftslurm-slurm}
-NNODES=${SWIFTSLURM_SLURM_NODES:-2}
+NNODES=${SWIFTSLURM_SLURM_NODES:-6}
 SUBNET=${SWIFTSLURM_SLURM_SUBNET:-10.77.0}
 BRIDGE=${SWIFTSLURM_SLURM_BRIDGE:-sslurm0}
 NODE_CPUS=${SWIFTSLURM_SLURM_CPUS:-$(nproc)}
 NODE_MEM_MB=${SWIFTSLURM_SLURM_MEM_MB:-8192}
 GRACE=${SWIFTSLURM_SLURM_GRACE:-30}
 DB_PORT=${SWIFTSLURM_SLURM_DB_PORT:-13306}
-GROUPS_=${SWIFTSLURM_SLURM_GROUPS:-1}
+GROUPS_=${SWIFTSLURM_SLURM_GROUPS:-2}
 
 CLUSTER=swiftslurm
 BRIDGE_IP=$SUBNET.1
@@ -533,13 +534,21 @@ print_env() {
 }
 
 cmd_up() {
-  local t0=$SECONDS node
+  local t0=$SECONDS node running
   validate_settings
   ensure_packages
   if healthy && config_unchanged; then
     log "already up and healthy"
     print_env
     return 0
+  fi
+  # Replacing a healthy cluster wipes its job ids, accounting and queue: only when asked to.
+  # In a subshell: the running cluster is judged by the settings it recorded, which must not replace ours.
+  if [[ ${1:-} != --force ]] && (load_settings && [[ -f $STATE/cluster.env ]] && healthy); then
+    running=$(load_settings && echo "$NNODES")
+    die "a healthy cluster of $running nodes runs with other settings than these ($NNODES nodes," \
+      "$GROUPS_ group(s)); replacing it would wipe its job ids and accounting. HINT: run with its settings" \
+      "(SWIFTSLURM_SLURM_NODES=$running and its SWIFTSLURM_SLURM_GROUPS), or \`up --force\` (or \`restart\`) to replace it"
   fi
   [[ -f $STATE/cluster.env ]] && log "stale or changed cluster found: cleaning it first"
   # In a subshell: cmd_down loads the recorded settings, which must not replace ours.
@@ -628,9 +637,9 @@ main() {
     up | down | restart) [[ $EUID -eq 0 ]] || die "must run as root" ;;
   esac
   case $cmd in
-    up) take_lock && cmd_up ;;
+    up) take_lock && cmd_up "$@" ;;
     down) take_lock && cmd_down ;;
-    restart) take_lock && (cmd_down) && cmd_up ;;
+    restart) take_lock && (cmd_down) && cmd_up --force ;;
     status) cmd_status ;;
     env) load_settings && print_env ;;
     exec) cmd_exec "$@" ;;

@@ -151,7 +151,8 @@ def test_a_new_cluster_restores_from_the_store_and_ends_identical(
     restored = f"nothing left to train: its last step was restored from s3://{BUCKET}/swiftslurm/moved/checkpoint-120"
     assert restored in again.stdout and "final loss       (none logged)" not in again.stdout, again.stdout
     [record] = attempts(third)
-    assert record["restored_from"] == f"s3://{BUCKET}/swiftslurm/moved/checkpoint-120" and record["why"] == restored
+    assert record["restored_from"] == f"s3://{BUCKET}/swiftslurm/moved/checkpoint-120"
+    assert record["why"].startswith(restored), record["why"]
     shown = json.loads(swiftslurm("status", str(third), "--json", cwd=tmp_path).stdout)["runs"][0]
     assert shown["loss"] is not None and shown["max_steps"] == 120, shown
     logs = swiftslurm("logs", str(third), cwd=tmp_path)

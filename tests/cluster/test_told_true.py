@@ -5,7 +5,9 @@ anything is planned again in place when the same command is rerun with the fix."
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts
 from swiftslurm.testing.s3 import SeaweedServer, use_test_credentials
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slurm]
 
@@ -74,3 +77,22 @@ def test_a_store_the_login_node_reaches_and_the_nodes_do_not_stops_the_run_with_
     assert (record["reason"], record["decision"]) == ("user_error", "stop"), record
     shown = swiftslurm("status", str(run_dir), cwd=tmp_path)
     assert "cannot reach the object store" in shown.stdout and "without a final record" not in shown.stdout
+
+
+@pytest.mark.whole_cluster  # on a bug it would replace the cluster every job shares: run alone
+def test_up_with_other_settings_refuses_to_replace_a_healthy_cluster(slurm_cluster: None) -> None:
+    """A bare `up` (then 2 nodes) on the test suite's running cluster restarted it, wiping job ids and
+    accounting. It refuses, naming the running cluster's node count and `--force`; the cluster runs on."""
+    script = str(REPO / "scripts" / "slurm-local.sh")
+    settings = dict(line.split("=", 1) for line in subprocess.check_output(["bash", script, "env"], text=True).split())
+    pid_file = Path(settings["SWIFTSLURM_SLURM_STATE"]) / "pids" / "slurmctld.pid"
+    controller = pid_file.read_text().split()[0]
+    other = str(int(settings["SWIFTSLURM_SLURM_NODES"]) - 2)
+    env = {**os.environ, "SWIFTSLURM_SLURM_NODES": other, "SWIFTSLURM_SLURM_GROUPS": "1"}
+    done = subprocess.run(["bash", script, "up"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    nodes = settings["SWIFTSLURM_SLURM_NODES"]
+    assert f"a healthy cluster of {nodes} nodes runs with other settings than these ({other} nodes" in done.stderr
+    assert "up --force" in done.stderr
+    assert pid_file.read_text().split()[0] == controller and Path(f"/proc/{controller}").exists()
+    assert subprocess.run(["bash", script, "status"], capture_output=True).returncode == 0
