@@ -96,3 +96,22 @@ def test_up_with_other_settings_refuses_to_replace_a_healthy_cluster(slurm_clust
     assert "up --force" in done.stderr
     assert pid_file.read_text().split()[0] == controller and Path(f"/proc/{controller}").exists()
     assert subprocess.run(["bash", script, "status"], capture_output=True).returncode == 0
+
+
+def test_a_wrapper_that_fails_before_training_ends_the_wait_in_one_line_with_its_error(
+    tmp_path: Path, slurm_cluster: None
+) -> None:
+    """The wrapper raising before any trainer starts (here a phase observer, as a bug or a filesystem error
+    would): wait=true printed a submitit traceback cut off mid-line and "state running: (0 attempt(s))"."""
+    observer = tmp_path / "fail_at_start.py"
+    observer.write_text("def on_phase(event):\n    raise RuntimeError('the wrapper broke at ' + event.phase)\n")
+    run_dir = tmp_path / "run"
+    observers = {"SWIFTSLURM_PHASE_OBSERVERS": str(observer)}  # the job inherits the submitting environment
+    done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *SHORT, cwd=tmp_path, env=observers)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and "state            running" not in output, output[-3000:]
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("swiftslurm: error: ")]
+    assert "failed in phase prepare of attempt" in error and "the wrapper broke at prepare" in error, error
+    [record] = attempts(run_dir)
+    assert (record["reason"], record["decision"]) == ("infra", "stop"), record
