@@ -21,11 +21,14 @@ def submission(run_dir: Path) -> dict[str, Any]:
     started, e.g. the node's Python cannot import swiftslurm, that file is the only trace of the job). A job
     refused the lease (another job leads the run) never becomes the run's job."""
     job = read_json(run_dir / JOB) or {}
+    if job.get("scheduler") == "local":  # a process of this machine: no other job can carry the run
+        return job
     held = lease.read(run_dir)
     holder, taken = str(held.get("job") or ""), float(held.get("acquired") or 0)
-    if holder and holder != str(job.get("job_id") or "") and taken > float(job.get("submitted") or 0):
+    by_slurm = holder and not holder.startswith(lease.LOCAL_PREFIX)  # a local run's leader: not a SLURM job
+    if by_slurm and holder != str(job.get("job_id") or "") and taken > float(job.get("submitted") or 0):
         job = {"job_id": holder, "scheduler": "slurm", "by_hand": True}
-    if job.get("scheduler") == "local" or (job and not job.get("by_hand")):
+    if job and not job.get("by_hand"):
         return job
     newest = _newest_hand_submitted(run_dir, not_before=taken)
     if newest is not None and newest != holder:

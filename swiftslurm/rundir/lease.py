@@ -124,9 +124,12 @@ def fence(run_dir: Path, token: int, step: str) -> None:
         raise LeaseLost(why)
 
 
+LOCAL_PREFIX = "local-"  # a leader outside SLURM holds the lease as `local-<pid>`
+
+
 def job_of(where: SlurmEnv) -> str:
     """The job that would hold the lease: the SLURM job id, or this process outside SLURM."""
-    return str(where.job_id) if where.in_slurm else f"local-{where.job_id or os.getpid()}"
+    return str(where.job_id) if where.in_slurm else f"{LOCAL_PREFIX}{where.job_id or os.getpid()}"
 
 
 def acquire(run_dir: Path, where: SlurmEnv, attempt: str, alive: Callable[[str], bool] | None = None) -> Lease | str:

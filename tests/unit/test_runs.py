@@ -190,3 +190,17 @@ def test_a_run_dir_that_restored_another_ones_last_checkpoint_shows_its_loss(tmp
     metrics = read_metrics(run_dir)
     assert (metrics.loss, metrics.step, metrics.max_steps) == (0.75, 40, 40)
     assert metrics.losses == ((20, 1.5), (40, 0.75))
+
+
+def test_a_local_run_whose_leader_held_the_lease_is_the_local_jobs(tmp_path: Path) -> None:
+    """Outside SLURM the leader holds the lease as `local-<pid>`: never taken for a job submitted by hand."""
+    from swiftslurm.ops.submission import submission
+    from swiftslurm.rundir import lease
+    from swiftslurm.slurm_env import SlurmEnv
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record_submission(run_dir, "999999999", "local")
+    assert isinstance(lease.acquire(run_dir, SlurmEnv.from_environ({}), "local-1", alive=lambda job: True), lease.Lease)
+    assert submission(run_dir)["job_id"] == "999999999"
+    assert gather(run_dir).state == "failed"  # its process is gone, without a final word: not `pending`
