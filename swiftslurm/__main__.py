@@ -28,7 +28,6 @@ from swiftslurm.launch import (
     dry_run_text,
     ready_to_submit,
     resume_note,
-    wait_for,
     write_run_dir,
 )
 from swiftslurm.planning import memory_plan
@@ -73,6 +72,8 @@ def run(cfg: DictConfig) -> int:
     if (resumes := resume_note(plan, remote_step)) is not None:
         print(resumes, flush=True)
     if plan.scheduler == "local" or cfg.wait:
+        from swiftslurm.ops.waiting import wait_for
+
         return wait_for(job, plan)
     print("Not waiting (wait=false): `python -m swiftslurm status RUN_DIR`, `... logs -f RUN_DIR`.")
     return 0

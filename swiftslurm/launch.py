@@ -1,32 +1,19 @@
 """The steps of submitting one run, shared by a single run (`__main__.run`) and every point of a sweep
-(`sweeper.py`): the composed config as the schema, whether a run dir is submitted again, the dry-run text,
-what a submission needs on this machine, and waiting for a job while printing its progress.
-Login side only: imports OmegaConf (and submitit when waiting).
+(`sweeper.py`): whether a run dir is submitted again, whether it may be written (planned again in place),
+where the run will resume, the dry-run text, what a submission needs on this machine. Waiting for the job
+is ops/waiting.py's. Login side only.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
-import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from swiftslurm.errors import ConfigError, RunFailed, SwiftSlurmError, report
+from swiftslurm.errors import ConfigError
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import layout as rundir
-from swiftslurm.submit.report import dry_run_report, result_summary
-
-if TYPE_CHECKING:
-    import submitit
-
-    from swiftslurm.ops.waiting import QueueSpot
-
-POLL_S = 2.0
-QUEUE_POLL_S = 10.0  # a pending job's place in the queue is asked this often while `wait=true` waits
+from swiftslurm.submit.report import dry_run_report
 
 
 def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
@@ -34,7 +21,7 @@ def already_submitted(run_dir: Path, run_dir_given: bool) -> str | None:
     Makes re-running a command (or a sweep) resume what stopped and leave alone what did not. Asked before the
     run dir is written: a run that is not submitted keeps its files as they are (`status` reads them).
     ``run_dir_given``: the user chose the run dir (run_dir=), so only another run_dir makes a new run."""
-    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
+    from swiftslurm.ops.runs import ACTIVE_STATES, facts_of
 
     if not (run_dir / rundir.JOB).is_file():
         return None
@@ -90,7 +77,7 @@ def check_same_run(plan: JobPlan, existing: Path) -> tuple[str, ...]:
 def _what_would_be_lost(run_dir: Path) -> str | None:
     """What a run dir's run has that planning it again would lose: a committed checkpoint, a live job."""
     from swiftslurm.ckpt.checkpoint import newest_committed
-    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
+    from swiftslurm.ops.runs import ACTIVE_STATES, facts_of
 
     committed, _ = newest_committed(rundir.output_dir(run_dir))
     if committed is not None:
@@ -179,99 +166,3 @@ def ready_to_submit(plans: list[JobPlan]) -> None:
         tiny.build_tiny_assets(Path(cache))
     for plan in plans:
         (Path(plan.run_dir) / rundir.CANCELLED).unlink(missing_ok=True)
-
-
-_LOSS = re.compile(r"\{'loss': '([^']+)'.*?'global_step/max_steps': '([^']+)'")
-END_SETTLE_S = 30.0  # once submitit says the job ended: how long SLURM's accounting may take to say so too
-
-
-@dataclass
-class LossLines:
-    """Each new loss line ms-swift logged on node 0, as `step N  loss L`."""
-
-    run_dir: Path
-    seen: dict[Path, int] = field(default_factory=dict)
-
-    def print_new(self) -> None:
-        for log in sorted(rundir.leader_logs(self.run_dir)):
-            text = log.read_text(errors="replace")
-            for match in _LOSS.finditer(text, self.seen.get(log, 0)):
-                print(f"  step {match.group(2)}  loss {match.group(1)}", flush=True)
-                self.seen[log] = match.end()  # a line still being written is matched next time
-
-
-@dataclass
-class QueueWatch:
-    """A pending job's place in its partition's queue, asked at most every QUEUE_POLL_S (one squeue)."""
-
-    partition: str | None
-    asked_at: float = -math.inf
-    spot: QueueSpot | None = None
-
-    def where(self, job_id: str) -> QueueSpot | None:
-        if time.monotonic() - self.asked_at >= QUEUE_POLL_S:
-            self.asked_at = time.monotonic()
-            self.spot = queue_spot(job_id, self.partition)
-        return self.spot
-
-
-def queue_spot(job_id: str, partition: str | None) -> QueueSpot | None:
-    """SLURM's reason and the job's place among the partition's pending jobs; None if SLURM cannot say."""
-    from swiftslurm import slurm as slurm_cli
-    from swiftslurm.ops.waiting import QueueSpot
-
-    try:
-        pending = slurm_cli.pending_queue(partition)
-    except SwiftSlurmError:
-        return None
-    ids = [job for job, _ in pending]
-    if job_id not in ids:
-        return None
-    return QueueSpot(pending[ids.index(job_id)][1], ids.index(job_id) + 1, len(ids))
-
-
-def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
-    """Wait for the job, saying what the run waits for (ops/waiting.py) and each loss ms-swift logs; then its
-    end as `status` tells it (ops/runs.py), one line with the reason and the logs when it did not finish.
-    Exit status 0 only if the run finished."""
-    from swiftslurm.ops.runs import SlurmView, gather
-    from swiftslurm.ops.waiting import Narrator, waiting_for
-
-    run_dir, job_id = Path(plan.run_dir), str(job.job_id)
-    narrate, losses = Narrator(), LossLines(run_dir)
-    queue = QueueWatch(plan.slurm.partition if plan.slurm else None)
-    while not job.done():
-        facts = gather(run_dir, SlurmView(available=True, states={job_id: job.state}))  # submitit's view: no call
-        narrate(waiting_for(run_dir, facts, queue.where(job_id) if facts.state in ("pending", "requeued") else None))
-        losses.print_new()
-        time.sleep(POLL_S)
-    losses.print_new()
-    state, why, attempts = ended(job, run_dir)
-    summary = result_summary(plan, state, why, attempts)
-    if state == "finished":
-        print(f"job {job_id} finished.\n{summary}")
-        return 0
-    logs = f"`python -m swiftslurm logs {run_dir}` (the wrapper's own output: {job.paths.stdout})"
-    report(RunFailed(f"job {job_id} {state}: {why or 'no reason recorded'}. Logs: {logs}"))
-    print(summary, file=sys.stderr)
-    return 1
-
-
-def ended(job: submitit.Job[Any], run_dir: Path) -> tuple[str, str, int]:
-    """The run's state, why, and its attempts once its job has ended, as `status` tells it: asked again while
-    SLURM's accounting still shows the job queued or running (it lags behind the job's end), at most
-    END_SETTLE_S; a job that ended is never reported as running."""
-    from swiftslurm.ops.control import ACTIVE_STATES, facts_of
-
-    deadline = time.monotonic() + END_SETTLE_S
-    facts = facts_of(run_dir)
-    while facts.state in ACTIVE_STATES and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-        facts = facts_of(run_dir)
-    if facts.state in ACTIVE_STATES:
-        return (
-            "failed",
-            f"the job ended (submitit: {job.state}) without a final record from the wrapper",
-            facts.attempts,
-        )
-    return facts.state, facts.why, facts.attempts

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops.follow import FOLLOW_POLL_S, show_logs
-from swiftslurm.ops.runs import FINAL_STATES, RunFacts, ask_slurm, gather, slurm_job_ids
+from swiftslurm.ops.runs import ACTIVE_STATES, FINAL_STATES, RunFacts, ask_slurm, facts_of, gather, slurm_job_ids
 from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import CANCELLED, SUBMITIT, plan_file
 from swiftslurm.rundir.records import read_attempts, record_submission, record_submissions
@@ -33,17 +33,11 @@ from swiftslurm.rundir.sweepdir import array_parallelism, is_sweep, read_points,
 if TYPE_CHECKING:
     from swiftslurm.plan import JobPlan
 
-ACTIVE_STATES = ("pending", "running", "requeued")
 CANCEL_SAVE_WAIT_S = 120.0  # how long `cancel` lets a running job save and record before it scancels
 
 
 class OpsError(SwiftSlurmError):
     """An operation that cannot be done on this run; the message says why and what to do."""
-
-
-def facts_of(run_dir: Path) -> RunFacts:
-    job_ids = slurm_job_ids([run_dir])
-    return gather(run_dir, ask_slurm(job_ids) if job_ids else None)
 
 
 def cancel(run_dir: Path, save_wait_s: float = CANCEL_SAVE_WAIT_S) -> str:

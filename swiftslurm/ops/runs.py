@@ -38,6 +38,7 @@ from swiftslurm.rundir.records import (
 
 # What the leader writes in status.json, refined by what SLURM says about the job right now.
 FINAL_STATES = ("finished", "failed", "cancelled")
+ACTIVE_STATES = ("pending", "running", "requeued")  # a job carries the run now: not submitted again
 # Every state `status` can show (docs/operations.md lists each; tests/unit/test_status_view.py holds them equal).
 STATES = ("planned", "pending", "running", "restarting", "requeued", *FINAL_STATES)
 
@@ -204,3 +205,9 @@ def decide_state(status: dict[str, Any], slurm_state: str | None, cancelled: boo
         return "pending", why
     # No job.json and no word from a wrapper: written by a dry run (or sbatch by hand, not started yet).
     return "planned", why or "never submitted by swiftslurm (dry run); submit it with the same command without dry_run"
+
+
+def facts_of(run_dir: Path) -> RunFacts:
+    """One run's facts with SLURM asked about its job (one squeue, and one sacct if the job has left the queue)."""
+    job_ids = slurm_job_ids([run_dir])
+    return gather(run_dir, ask_slurm(job_ids) if job_ids else None)

@@ -1,5 +1,5 @@
 """What a run is waiting for right now, in one line, and a narrator that says it while a command waits:
-`wait=true` (launch.wait_for) prints a line whenever the wait changes (in the queue, nodes starting, restoring,
+`wait=true` (wait_for, below) prints a line whenever the wait changes (in the queue, nodes starting, restoring,
 model loading, training, saving, uploading, concluding) and again every REPEAT_S while it does not, with the
 time spent and the progress where there is a count, so no wait over a few seconds is silent.
 
@@ -9,20 +9,30 @@ global rank 0's step beat, sync.json) and from what the caller learned of the qu
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from swiftslurm.ops.runs import RunFacts
+from swiftslurm.errors import RunFailed, SwiftSlurmError, report
+from swiftslurm.ops.runs import RunFacts, SlurmView, gather
+from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import beat
+from swiftslurm.rundir import layout as rundir
 from swiftslurm.rundir.beat import describe_leader_beat, read_leader_beat
 from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, progress_file
 from swiftslurm.rundir.records import read_status
+from swiftslurm.submit.report import result_summary
 
+if TYPE_CHECKING:
+    import submitit
+
+POLL_S = 2.0  # how often wait=true reads the run dir
+QUEUE_POLL_S = 10.0  # and asks SLURM where a pending job stands in the queue
 REPEAT_S = 15.0  # a wait that has not changed is said again this often, with the time spent
 _FIGURES = re.compile(r"\d+(?:\.\d+)?")
 
@@ -111,3 +121,97 @@ class Narrator:
 def _kind(what: str) -> str:
     """The wait without its figures: 'training: step # of #'."""
     return _FIGURES.sub("#", what)
+
+
+# ------------------------------------------------------------------ wait=true
+
+_LOSS = re.compile(r"\{'loss': '([^']+)'.*?'global_step/max_steps': '([^']+)'")
+END_SETTLE_S = 30.0  # once submitit says the job ended: how long SLURM's accounting may take to say so too
+
+
+@dataclass
+class LossLines:
+    """Each new loss line ms-swift logged on node 0, as `step N  loss L`."""
+
+    run_dir: Path
+    seen: dict[Path, int] = field(default_factory=dict)
+
+    def print_new(self) -> None:
+        for log in sorted(rundir.leader_logs(self.run_dir)):
+            text = log.read_text(errors="replace")
+            for match in _LOSS.finditer(text, self.seen.get(log, 0)):
+                print(f"  step {match.group(2)}  loss {match.group(1)}", flush=True)
+                self.seen[log] = match.end()  # a line still being written is matched next time
+
+
+@dataclass
+class QueueWatch:
+    """A pending job's place in its partition's queue, asked at most every QUEUE_POLL_S (one squeue)."""
+
+    partition: str | None
+    asked_at: float = -math.inf
+    spot: QueueSpot | None = None
+
+    def where(self, job_id: str) -> QueueSpot | None:
+        if time.monotonic() - self.asked_at >= QUEUE_POLL_S:
+            self.asked_at = time.monotonic()
+            self.spot = queue_spot(job_id, self.partition)
+        return self.spot
+
+
+def queue_spot(job_id: str, partition: str | None) -> QueueSpot | None:
+    """SLURM's reason and the job's place among the partition's pending jobs; None if SLURM cannot say."""
+    from swiftslurm import slurm as slurm_cli
+
+    try:
+        pending = slurm_cli.pending_queue(partition)
+    except SwiftSlurmError:
+        return None
+    ids = [job for job, _ in pending]
+    if job_id not in ids:
+        return None
+    return QueueSpot(pending[ids.index(job_id)][1], ids.index(job_id) + 1, len(ids))
+
+
+def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
+    """Wait for the job, saying what the run waits for (ops/waiting.py) and each loss ms-swift logs; then its
+    end as `status` tells it (ops/runs.py), one line with the reason and the logs when it did not finish.
+    Exit status 0 only if the run finished."""
+    run_dir, job_id = Path(plan.run_dir), str(job.job_id)
+    narrate, losses = Narrator(), LossLines(run_dir)
+    queue = QueueWatch(plan.slurm.partition if plan.slurm else None)
+    while not job.done():
+        facts = gather(run_dir, SlurmView(available=True, states={job_id: job.state}))  # submitit's view: no call
+        narrate(waiting_for(run_dir, facts, queue.where(job_id) if facts.state in ("pending", "requeued") else None))
+        losses.print_new()
+        time.sleep(POLL_S)
+    losses.print_new()
+    state, why, attempts = ended(job, run_dir)
+    summary = result_summary(plan, state, why, attempts)
+    if state == "finished":
+        print(f"job {job_id} finished.\n{summary}")
+        return 0
+    logs = f"`python -m swiftslurm logs {run_dir}` (the wrapper's own output: {job.paths.stdout})"
+    report(RunFailed(f"job {job_id} {state}: {why or 'no reason recorded'}. Logs: {logs}"))
+    print(summary, file=sys.stderr)
+    return 1
+
+
+def ended(job: submitit.Job[Any], run_dir: Path) -> tuple[str, str, int]:
+    """The run's state, why, and its attempts once its job has ended, as `status` tells it: asked again while
+    SLURM's accounting still shows the job queued or running (it lags behind the job's end), at most
+    END_SETTLE_S; a job that ended is never reported as running."""
+    from swiftslurm.ops.runs import ACTIVE_STATES, facts_of
+
+    deadline = time.monotonic() + END_SETTLE_S
+    facts = facts_of(run_dir)
+    while facts.state in ACTIVE_STATES and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        facts = facts_of(run_dir)
+    if facts.state in ACTIVE_STATES:
+        return (
+            "failed",
+            f"the job ended (submitit: {job.state}) without a final record from the wrapper",
+            facts.attempts,
+        )
+    return facts.state, facts.why, facts.attempts

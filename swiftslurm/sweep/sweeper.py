@@ -41,7 +41,6 @@ from swiftslurm.launch import (
     check_run_dir,
     dry_run_text,
     ready_to_submit,
-    wait_for,
     write_run_dir,
 )
 from swiftslurm.plan import JobPlan
@@ -347,4 +346,8 @@ def submit_single(sweep_dir: Path, item: Planned, done: set[str]) -> int:
     record_submission(Path(plan.run_dir), str(job.job_id), plan.scheduler)
     record_points(sweep_dir, [item.record("submitted", str(job.job_id))])
     print(f"submitted job {job.job_id} ({plan.scheduler}); run dir {plan.run_dir}", flush=True)
-    return wait_for(job, plan) if plan.scheduler == "local" else 0
+    if plan.scheduler != "local":
+        return 0
+    from swiftslurm.ops.waiting import wait_for
+
+    return wait_for(job, plan)
