@@ -98,13 +98,14 @@ class Narrator:
         now = self.clock()
         if _kind(what) != _kind(self.said):
             self.said, self.since, self.last_said = what, now, now
-            self._print(what)
+            self.say(what)
         elif now - self.last_said >= REPEAT_S:
             still = what == self.said
             self.said, self.last_said = what, now
-            self._print(f"still {what} ({now - self.since:.0f} s)" if still else what)
+            self.say(f"still {what} ({now - self.since:.0f} s)" if still else what)
 
-    def _print(self, text: str) -> None:
+    def say(self, text: str) -> None:
+        """One line now, in the narrator's form, without changing the wait it repeats."""
         print(f"{time.strftime('%H:%M:%S')}  {text}", file=self.out, flush=True)
 
 
