@@ -66,7 +66,7 @@ def run(cfg: DictConfig) -> int:
         print(f"{plan.run_name}: {skip}", flush=True)
         return 0
     ready_to_submit([plan])
-    job = submit.submit(plan)
+    job = submit.submit(plan, checked=True)  # check_submission ran above, before the run dir was written
     record_submission(run_dir, str(job.job_id), plan.scheduler)
     print(f"submitted job {job.job_id} ({plan.scheduler}); run dir {run_dir}", flush=True)
     if (resumes := resume_note(plan, remote_step)) is not None:

@@ -25,6 +25,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops.follow import FOLLOW_POLL_S, show_logs
 from swiftslurm.ops.runs import ACTIVE_STATES, FINAL_STATES, RunFacts, ask_slurm, facts_of, gather, slurm_job_ids
+from swiftslurm.ops.waiting import Narrator
 from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import CANCELLED, SUBMITIT, plan_file
 from swiftslurm.rundir.records import read_attempts, record_submission, record_submissions
@@ -45,13 +46,22 @@ def cancel(run_dir: Path, save_wait_s: float = CANCEL_SAVE_WAIT_S) -> str:
     return cancel_all([run_dir], save_wait_s)[0]
 
 
-def cancel_all(run_dirs: list[Path], save_wait_s: float = CANCEL_SAVE_WAIT_S) -> list[str]:
+def cancel_all(
+    run_dirs: list[Path],
+    save_wait_s: float = CANCEL_SAVE_WAIT_S,
+    narrate: Narrator | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
     """Stop runs for good, all at once: a sweep's points save the step each is at now, not one after another
     while the others train on. Each run is marked cancelled (the wrapper then stops instead of requeuing);
     every running job is asked to save with one `scancel --signal=USR2` (as before a preemption) and all get the
     same ``save_wait_s`` to record their attempts: a plain `scancel` leaves only SLURM's KillWait (often 30 s or
     less) to save, commit and record. Then one `scancel` ends whatever is left (jobs waiting in the queue,
-    wrappers that did not finish). One line per run, in order."""
+    wrappers that did not finish). Returns one line per run, in order.
+
+    Args:
+        narrate: says the save signal and the wait while it lasts (stdout by default); its clock times the wait.
+        sleep: what the wait sleeps with between two looks at the records."""
     job_ids = slurm_job_ids(run_dirs)
     slurm = ask_slurm(job_ids) if job_ids else None
     facts = {run_dir: gather(run_dir, slurm) for run_dir in run_dirs}
@@ -67,8 +77,11 @@ def cancel_all(run_dirs: list[Path], save_wait_s: float = CANCEL_SAVE_WAIT_S) ->
     live = [d for d in run_dirs if d not in said]
     recorded = {d: len(read_attempts(d)) for d in live if facts[d].state == "running"}
     if recorded:
-        slurm_cli.cancel([str(facts[d].job_id) for d in recorded], signal="USR2")
-        _wait_for_records(recorded, save_wait_s)
+        narrate, saving = narrate or Narrator(), [str(facts[d].job_id) for d in recorded]
+        slurm_cli.cancel(saving, signal="USR2")
+        for run_dir, job in zip(recorded, saving, strict=True):
+            narrate.say(f"{facts[run_dir].run_name}: asked job {job} to save its current step (USR2)")
+        _wait_for_records(recorded, saving, save_wait_s, narrate, sleep)
     if live:
         slurm_cli.cancel([str(facts[d].job_id) for d in live])
     for run_dir in live:
@@ -76,11 +89,25 @@ def cancel_all(run_dirs: list[Path], save_wait_s: float = CANCEL_SAVE_WAIT_S) ->
     return [said[d] for d in run_dirs]
 
 
-def _wait_for_records(recorded: dict[Path, int], wait_s: float) -> None:
-    """Until each run has more attempt records than ``recorded`` says, or ``wait_s`` has passed."""
-    deadline = time.monotonic() + wait_s
-    while any(len(read_attempts(d)) == n for d, n in recorded.items()) and time.monotonic() < deadline:
-        time.sleep(FOLLOW_POLL_S)
+def _wait_for_records(
+    recorded: dict[Path, int], jobs: list[str], wait_s: float, narrate: Narrator, sleep: Callable[[float], None]
+) -> None:
+    """Until each run has more attempt records than ``recorded`` says, or ``wait_s`` has passed by the narrator's
+    clock; said at once and every REPEAT_S while it lasts (``jobs``: the jobs asked to save)."""
+    deadline = narrate.clock() + wait_s
+    while (done := sum(len(read_attempts(d)) > n for d, n in recorded.items())) < len(recorded) and (
+        narrate.clock() < deadline
+    ):
+        narrate(_awaited(jobs, done, wait_s))
+        sleep(FOLLOW_POLL_S)
+
+
+def _awaited(jobs: list[str], done: int, wait_s: float) -> str:
+    """'waiting up to 120 s for job 12 to record its attempt'; for several jobs, how many have recorded."""
+    if len(jobs) == 1:
+        return f"waiting up to {wait_s:.0f} s for job {jobs[0]} to record its attempt"
+    count = len(jobs)
+    return f"waiting up to {wait_s:.0f} s for {count} jobs to record their attempts ({done} of {count} recorded)"
 
 
 def _saved(run_dir: Path, recorded: dict[Path, int]) -> str:

@@ -4,6 +4,10 @@ Where they are comes from flags (`--bucket B --prefix P [--endpoint-url U] [--re
 directory (`--run-dir DIR`: the `storage` section of its plan.json); flags given win. Credentials come from
 boto3's standard chain, as on the nodes. Only committed checkpoints (with a remote manifest) are listed.
 
+Every command first checks the store within CheckpointStore.quick's bound and says so before it starts; a
+download or upload then says its size and the retries each request gets, and its bytes so far every REPEAT_S
+(on stderr; the results go to stdout).
+
     python -m swiftslurm.ops.storage_cli list --run-dir runs/my-run
     python -m swiftslurm.ops.storage_cli download latest --output-dir out --bucket b --prefix runs/my-run
     python -m swiftslurm.ops.storage_cli upload --run-dir runs/my-run
@@ -15,16 +19,78 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from swiftslurm.ckpt.checkpoint import newest_committed
 from swiftslurm.errors import StorageError, SwiftSlurmError, report
+from swiftslurm.ops.waiting import Narrator
 from swiftslurm.plan import PlanGlance, StorageSpec
+from swiftslurm.rundir.beat import GiB
 from swiftslurm.rundir.layout import output_dir, plan_file
-from swiftslurm.storage.store import CheckpointStore, MiB, newest_remote_step
+from swiftslurm.storage.store import CheckpointStore, MiB, checking, newest_remote_step, tries
 from swiftslurm.storage.sync import record_uploaded
+
+TICK_S = 1.0  # how often a transfer's bytes are looked at; the narrator says them every REPEAT_S
+
+
+class Progress:
+    """A long transfer, said while it lasts (store.TransferReport): its size and the retries each request gets
+    when it starts, then the bytes so far every REPEAT_S ('still ...' while none move). Thread-safe: the
+    transfer's threads report their bytes while the ticker says them."""
+
+    def __init__(self, narrate: Narrator, spec: StorageSpec) -> None:
+        self.narrate, self.spec = narrate, spec
+        self._lock = threading.Lock()
+        self._what, self._bytes, self._total = "", 0, 0
+
+    def started(self, what: str, total: int) -> None:
+        with self._lock:
+            self._what, self._bytes, self._total = what, 0, total
+            opening = f"{what}: {_size(total, total)} (each request {tries(self.spec)})..."
+            self.narrate.begin(opening, self._now())
+
+    def moved(self, count: int) -> None:
+        with self._lock:
+            self._bytes += count
+
+    def tick(self) -> None:
+        """Hand the progress to the narrator, which says it when REPEAT_S has passed (nothing before a start)."""
+        with self._lock:
+            if self._what:
+                self.narrate(self._now())
+
+    def _now(self) -> str:
+        """'downloading checkpoint-20 from s3://b/p/ (1.2 of 3.4 GiB, 35%)'."""
+        done = f"{100 * self._bytes / self._total:.0f}%" if self._total else "100%"
+        return f"{self._what} ({_size(self._bytes, self._total, of=True)}, {done})"
+
+    @contextmanager
+    def said(self) -> Iterator[Progress]:
+        """Tick every TICK_S from a daemon thread while the block runs."""
+        stop = threading.Event()
+
+        def ticks() -> None:
+            while not stop.wait(TICK_S):
+                self.tick()
+
+        thread = threading.Thread(target=ticks, name="swiftslurm-progress", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _size(count: int, total: int, of: bool = False) -> str:
+    """'48.3 MiB', or with ``of`` '12.0 of 48.3 MiB': in GiB from a total of 1 GiB on."""
+    unit, name = (GiB, "GiB") if total >= GiB else (MiB, "MiB")
+    return f"{count / unit:.1f} of {total / unit:.1f} {name}" if of else f"{count / unit:.1f} {name}"
 
 
 def _plan_storage(run_dir: Path) -> dict[str, Any]:
@@ -50,7 +116,15 @@ def spec_from_args(args: argparse.Namespace) -> StorageSpec:
     return StorageSpec.from_dict(merged)
 
 
-def cmd_list(store: CheckpointStore, args: argparse.Namespace) -> int:
+def reachable(spec: StorageSpec, narrate: Narrator) -> None:
+    """The first contact, within CheckpointStore.quick's bound and said before it starts: a store that is down
+    is reported in seconds, not after the spec's own retries (storage.max_attempts tries of storage.timeout_s)."""
+    quick = CheckpointStore.quick(spec)
+    narrate.say(checking(quick.spec))
+    quick.check_access()
+
+
+def cmd_list(store: CheckpointStore, args: argparse.Namespace, progress: Progress) -> int:
     steps = store.committed_steps()
     print(f"{store.spec.url}: {len(steps)} committed checkpoint(s)")
     if steps:
@@ -64,15 +138,15 @@ def cmd_list(store: CheckpointStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_download(store: CheckpointStore, args: argparse.Namespace) -> int:
+def cmd_download(store: CheckpointStore, args: argparse.Namespace, progress: Progress) -> int:
     step = newest_remote_step(store) if args.step == "latest" else int(args.step)
     if step is None:
         raise StorageError(f"no committed checkpoint in {store.spec.url}.")
-    print(store.download(step, Path(args.output_dir)))
+    print(store.download(step, Path(args.output_dir), progress))
     return 0
 
 
-def cmd_upload(store: CheckpointStore, args: argparse.Namespace) -> int:
+def cmd_upload(store: CheckpointStore, args: argparse.Namespace, progress: Progress) -> int:
     """The newest committed local checkpoint into the store (nothing is sent if it is there already): what a run
     that finished before its last upload did needs. With --run-dir, sync.json says so afterwards."""
     run_dir = Path(args.run_dir) if args.run_dir else None
@@ -83,14 +157,14 @@ def cmd_upload(store: CheckpointStore, args: argparse.Namespace) -> int:
     if newest is None:
         found = f" ({'; '.join(rejected)})" if rejected else ""
         raise StorageError(f"no committed checkpoint in {folder}{found}: nothing to upload.")
-    result = store.upload(newest)
+    result = store.upload(newest, progress)
     print(f"{newest.name} is in {store.spec.url}" + (" (it was already)" if result.already_remote else ""))
     if run_dir is not None:
         record_uploaded(run_dir, result.step)
     return 0
 
 
-def cmd_prune(store: CheckpointStore, args: argparse.Namespace) -> int:
+def cmd_prune(store: CheckpointStore, args: argparse.Namespace, progress: Progress) -> int:
     deleted = store.prune(args.keep)
     print(f"deleted {len(deleted)} checkpoint(s) from {store.spec.url}: {', '.join(map(str, deleted)) or 'none'}")
     return 0
@@ -134,8 +208,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the transfer summaries
+    narrate = Narrator(out=sys.stderr)
     try:
-        return int(args.run(CheckpointStore(spec_from_args(args)), args))
+        spec = spec_from_args(args)
+        reachable(spec, narrate)
+        with Progress(narrate, spec).said() as progress:
+            return int(args.run(CheckpointStore(spec), args, progress))
     except SwiftSlurmError as err:
         return report(err)
 

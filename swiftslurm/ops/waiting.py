@@ -108,13 +108,21 @@ class Narrator:
         now = self.clock()
         if _kind(what) != _kind(self.said):
             self.said, self.since, self.last_said = what, now, now
-            self._print(what)
+            self.say(what)
         elif now - self.last_said >= REPEAT_S:
             still = what == self.said
             self.said, self.last_said = what, now
-            self._print(f"still {what} ({now - self.since:.0f} s)" if still else what)
+            self.say(f"still {what} ({now - self.since:.0f} s)" if still else what)
 
-    def _print(self, text: str) -> None:
+    def begin(self, text: str, what: str) -> None:
+        """Say ``text`` now as the start of the wait ``what`` (a fuller first line, e.g. with its bound): from
+        here ``what`` goes on as if just said, its new figures and repeats every REPEAT_S."""
+        self.said, self.since = what, self.clock()
+        self.last_said = self.since
+        self.say(text)
+
+    def say(self, text: str) -> None:
+        """One line now, in the narrator's form, without changing the wait it repeats."""
         print(f"{time.strftime('%H:%M:%S')}  {text}", file=self.out, flush=True)
 
 

@@ -92,6 +92,16 @@ def quick_bound_s() -> float:
     return QUICK_ATTEMPTS * 2 * QUICK_TIMEOUT_S
 
 
+def tries(spec: StorageSpec) -> str:
+    """How long one request of ``spec`` may be waited on, said before the wait: 'up to 3 tries, 5 s timeouts'."""
+    return f"up to {spec.max_attempts} tries, {spec.timeout_s:g} s timeouts"
+
+
+def checking(spec: StorageSpec) -> str:
+    """What a check of the store says before it contacts it, with its bound (the spec of CheckpointStore.quick)."""
+    return f"checking {spec.url} ({tries(spec)} each)..."
+
+
 def make_client(spec: StorageSpec) -> Any:
     """A boto3 S3 client for the spec; its credentials come from boto3's chain, never from the spec."""
     import boto3
@@ -128,12 +138,23 @@ def _error_code(err: Any) -> str:
 
 def _as_storage_error(spec: StorageSpec, action: str, err: Exception) -> StorageError:
     """What went wrong and how to fix it, naming the bucket and endpoint but never a credential."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ReadTimeoutError,
+    )
 
     if isinstance(err, NoCredentialsError):
         return StorageError(f"{action}: no credentials found. {_CREDENTIALS_HINT}")
     if isinstance(err, EndpointConnectionError):
         return StorageError(f"{action}: cannot reach {spec.url}. HINT: check storage.endpoint_url and the network.")
+    if isinstance(err, (ConnectTimeoutError, ReadTimeoutError)):
+        return StorageError(
+            f"{action}: no answer from {spec.url} ({tries(spec)}). HINT: check storage.endpoint_url and the network "
+            "(a firewall that drops packets, or a store that hangs, looks like this)."
+        )
     if not isinstance(err, ClientError):
         return StorageError(f"{action} failed ({spec.url}): {err}")
     code = _error_code(err)
@@ -189,28 +210,24 @@ def _well_formed(manifest: Any, step: int) -> bool:
 
 @contextmanager
 def _progress(label: str, total: int, report: TransferReport | None = None) -> Iterator[Callable[[int], None] | None]:
-    """What a transfer calls with each count of bytes: ``report`` (when given), and a tqdm bar's `update` when
-    someone is watching (stderr is a terminal) and tqdm is installed; None when neither."""
+    """What a transfer calls with each count of bytes: ``report``'s `moved` when given (it says the progress its
+    own way); else a tqdm bar's `update` when someone is watching (stderr is a terminal) and tqdm is installed;
+    None when neither."""
     if report is not None:
         report.started(label, total)
-    also = report.moved if report is not None else None
+        yield report.moved
+        return
     if not sys.stderr.isatty():
-        yield also
+        yield None
         return
     try:
         from tqdm import tqdm
     except ImportError:
-        yield also
+        yield None
         return
     bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
-
-    def update(count: int) -> None:
-        bar.update(count)
-        if also is not None:
-            also(count)
-
     try:
-        yield update
+        yield bar.update
     finally:
         bar.close()
 
@@ -337,9 +354,10 @@ class CheckpointStore:
 
     # -- upload --------------------------------------------------------------------------------------------
 
-    def upload(self, local_checkpoint: Path) -> UploadResult:
+    def upload(self, local_checkpoint: Path, report: TransferReport | None = None) -> UploadResult:
         """Publish a committed local checkpoint: its files (checksummed by the server), their sizes checked,
-        then the manifest. Idempotent: a checkpoint whose remote manifest exists is left alone."""
+        then the manifest. Idempotent: a checkpoint whose remote manifest exists is left alone. ``report``
+        follows the sending of the files (the bytes of those not sent already)."""
         started = time.monotonic()
         manifest = self._local_manifest(local_checkpoint)
         step = manifest["step"]
@@ -348,7 +366,7 @@ class CheckpointStore:
             return UploadResult(step, 0, 0, time.monotonic() - started, already_remote=True)
         remote_sizes = dict(self._objects(self.key(step)))
         todo = [e for e in manifest["files"] if not self._already_sent(step, e, remote_sizes)]
-        self._send(local_checkpoint, step, todo)
+        self._send(local_checkpoint, step, todo, report)
         self._check_sizes(step, manifest["files"])
         self._publish(step, manifest)
         result = UploadResult(step, len(todo), sum(e["size"] for e in todo), time.monotonic() - started)
@@ -372,18 +390,18 @@ class CheckpointStore:
             head = self.client.head_object(Bucket=self.spec.bucket, Key=key)
         return bool(head.get("Metadata", {}).get("sha256") == entry["sha256"])
 
-    def _send(self, checkpoint: Path, step: int, entries: list[dict[str, Any]]) -> None:
+    def _send(
+        self, checkpoint: Path, step: int, entries: list[dict[str, Any]], report: TransferReport | None = None
+    ) -> None:
         """The files, in parallel parts (swiftslurm.storage.send), each request checked by the server (SHA-256)."""
         files = [
             LocalFile(checkpoint / entry["path"], self.key(step, entry["path"]), entry["size"], entry["sha256"])
             for entry in entries
         ]
         options = SendOptions(part_size=self.spec.part_size_mb * MiB, max_concurrency=self.spec.max_concurrency)
-        with _progress(f"upload checkpoint-{step}", sum(e["size"] for e in entries)) as progress:
-            self._run(
-                Send(self.client, self.spec.bucket, files, options, progress),
-                f"uploading checkpoint-{step} to {self.spec.url}",
-            )
+        label = f"uploading checkpoint-{step} to {self.spec.url}"
+        with _progress(label, sum(e["size"] for e in entries), report) as progress:
+            self._run(Send(self.client, self.spec.bucket, files, options, progress), label)
 
     def _check_sizes(self, step: int, entries: list[dict[str, Any]]) -> None:
         remote = dict(self._objects(self.key(step)))
@@ -485,7 +503,7 @@ class CheckpointStore:
         with _progress(label, sum(e["size"] for e in entries), report) as progress:
             fetch = Fetch(self.client, self.spec.bucket, files, self._fetch_options(), progress)
             try:
-                self._run(fetch, f"downloading checkpoint-{step} from {self.spec.url}")
+                self._run(fetch, label)
             except FileMismatch as err:
                 raise self._damaged(step, entries[err.index], err.what) from err
         for below, _, _ in os.walk(staging):

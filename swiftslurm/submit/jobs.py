@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -146,14 +147,17 @@ def check_cluster(plan: JobPlan) -> None:
 def check_storage(plan: JobPlan) -> int | None:
     """The bucket exists and this shell's credentials reach it (the nodes get the same environment), and the
     prefix holds no other run's checkpoints: the nodes would refuse to resume them, and remote retention
-    would count (and delete) them as this run's. The newest remote manifest speaks for the prefix. Returns
-    its step (None: no remote checkpoint, or no storage): the run resumes from it when it is the newest."""
+    would count (and delete) them as this run's. The newest remote manifest speaks for the prefix. Asked
+    within CheckpointStore.quick's bound, said (on stderr) before it starts: a store that is down refuses the
+    submission in seconds, not after the run's own retry budget. Returns the newest remote step (None: no
+    remote checkpoint, or no storage): the run resumes from it when it is newer than the run dir's."""
     if plan.storage is None:
         return None
     from swiftslurm.ckpt.checkpoint import check_identity
-    from swiftslurm.storage.store import CheckpointStore, newest_remote_step
+    from swiftslurm.storage.store import CheckpointStore, checking, newest_remote_step
 
-    store = CheckpointStore(plan.storage)
+    store = CheckpointStore.quick(plan.storage)
+    print(f"swiftslurm: {plan.run_name}: {checking(store.spec)}", file=sys.stderr, flush=True)
     store.check_access()
     if (step := newest_remote_step(store)) is not None:
         check_identity(store.manifest(step), plan.identity(), store.key(step), error=ConfigError)
@@ -167,13 +171,15 @@ def check_submission(plan: JobPlan) -> int | None:
     return check_storage(plan)
 
 
-def submit(plan: JobPlan) -> submitit.Job[Any]:
+def submit(plan: JobPlan, checked: bool = False) -> submitit.Job[Any]:
     """Submit the prepared run directory; the job runs swiftslurm.node on every node. A refusal is recorded in
-    the run dir (status says so) and raised."""
+    the run dir (status says so) and raised. ``checked``: the caller ran check_submission for this plan just
+    before (before it wrote the run dir), so SLURM and the store are not asked twice."""
     from swiftslurm.node.supervise import submitit_entry
 
     with refusals_recorded([plan]):
-        check_submission(plan)
+        if not checked:
+            check_submission(plan)
         executor = make_executor(plan)
         try:
             return executor.submit(submitit_entry, plan.run_dir)

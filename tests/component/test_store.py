@@ -24,11 +24,18 @@ from swiftslurm.ops import storage_cli
 from swiftslurm.plan import StorageSpec
 from swiftslurm.rundir.layout import SYNC_STATE
 from swiftslurm.storage.send import ChangedSinceCommit
-from swiftslurm.storage.store import CheckpointStore, make_client, newest_remote_step, restore_if_newer
+from swiftslurm.storage.store import (
+    QUICK_ATTEMPTS,
+    CheckpointStore,
+    make_client,
+    newest_remote_step,
+    quick_bound_s,
+    restore_if_newer,
+)
 from swiftslurm.storage.sync import NodeSync, restore
 from swiftslurm.storage.uploader import Uploader
 from swiftslurm.submit.jobs import check_storage
-from swiftslurm.testing.s3 import SECRET_KEY, SeaweedServer, use_test_credentials
+from swiftslurm.testing.s3 import SECRET_KEY, FaultProxy, Faults, SeaweedServer, use_test_credentials
 from tests.conftest import REPO, plan_for
 
 MiB = 1 << 20
@@ -296,6 +303,11 @@ def test_cli_lists_downloads_and_prunes(store: CheckpointStore, tmp_path: Path, 
     assert "10" in listing and "20" in listing and "MiB" in listing
     assert storage_cli.main(["download", "latest", "--output-dir", str(tmp_path / "got"), *where]) == 0
     assert is_committed(tmp_path / "got" / "checkpoint-20")
+    said = capsys.readouterr().err  # what it contacts and for how long, before each wait
+    checking = f"checking {store.spec.url} (up to {QUICK_ATTEMPTS} tries, 5 s timeouts each)..."
+    downloading = f"downloading checkpoint-20 from {store.spec.url}: "
+    assert checking in said and downloading in said and said.index(checking) < said.index(downloading), said
+    assert "MiB (each request up to 10 tries, 60 s timeouts)..." in said  # the flags' spec: StorageSpec's defaults
     assert storage_cli.main(["prune", "--keep", "1", *where]) == 0
     assert store.committed_steps() == [20]
 
@@ -321,7 +333,10 @@ def test_cli_uploads_the_newest_committed_checkpoint_a_finished_run_left_pending
     (run_dir / "plan.json").write_text(json.dumps({"storage": store.spec.__dict__}))
     (run_dir / SYNC_STATE).write_text(json.dumps({"url": store.spec.url, "remote": [10], "pending": [20]}))
     assert storage_cli.main(["upload", "--run-dir", str(run_dir)]) == 0
-    assert f"checkpoint-20 is in {store.spec.url}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"checkpoint-20 is in {store.spec.url}" in printed.out
+    assert f"uploading checkpoint-20 to {store.spec.url}: " in printed.err
+    assert "MiB (each request up to 3 tries, 10 s timeouts)..." in printed.err  # the run's own spec (spec_for)
     assert store.committed_steps() == [10, 20]
     synced = json.loads((run_dir / SYNC_STATE).read_text())
     assert (synced["remote"], synced["pending"]) == ([10, 20], [])
@@ -334,6 +349,28 @@ def test_cli_upload_without_a_committed_checkpoint_says_so(store: CheckpointStor
     (tmp_path / "run" / "plan.json").write_text(json.dumps({"storage": store.spec.__dict__}))
     assert storage_cli.main(["upload", "--run-dir", str(tmp_path / "run")]) == 2
     assert "no committed checkpoint in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("down", ["refusing connections", "accepting and never answering"])
+def test_cli_with_the_store_down_says_what_it_checks_and_gives_up_within_the_stated_bound(
+    s3_server: SeaweedServer, capsys: Any, down: str
+) -> None:
+    """Flags only: the spec's own budget (10 tries, 60 s timeouts) would keep the caller waiting for minutes. The
+    first contact is CheckpointStore.quick's, said before it starts; the bound is what the code guarantees
+    (quick_bound_s), with room for a busy machine, not a measure of speed."""
+    silent = down == "accepting and never answering"
+    with FaultProxy(s3_server.endpoint_url, Faults(stall_rate=1.0 if silent else 0.0, stall_s=600)) as proxy:
+        if not silent:
+            proxy.go_down()
+        started = time.monotonic()
+        code = storage_cli.main(["list", "--bucket", BUCKET, "--prefix", "runs/down", "--endpoint-url", proxy.url])
+        took = time.monotonic() - started
+    said = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert f"checking s3://{BUCKET}/runs/down/ at {proxy.url} (up to {QUICK_ATTEMPTS} tries" in said[0], said
+    gave_up = "no answer from" if silent else "cannot reach"
+    assert any(gave_up in line for line in said[1:]), said
+    assert took < 3 * quick_bound_s(), f"{took:.0f} s"
 
 
 EXIT_WITHOUT_DRAIN = """
