@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import RunFailed, SwiftSlurmError, report
-from swiftslurm.ops.runs import RunFacts, SlurmView, gather
+from swiftslurm.ops.runs import ACTIVE_STATES, RunFacts, SlurmView, facts_of, gather
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import beat
 from swiftslurm.rundir import layout as rundir
@@ -169,8 +170,6 @@ class QueueWatch:
 
 def queue_spot(job_id: str, partition: str | None) -> QueueSpot | None:
     """SLURM's reason and the job's place among the partition's pending jobs; None if SLURM cannot say."""
-    from swiftslurm import slurm as slurm_cli
-
     try:
         pending = slurm_cli.pending_queue(partition)
     except SwiftSlurmError:
@@ -182,7 +181,7 @@ def queue_spot(job_id: str, partition: str | None) -> QueueSpot | None:
 
 
 def wait_for(job: submitit.Job[Any], plan: JobPlan) -> int:
-    """Wait for the job, saying what the run waits for (ops/waiting.py) and each loss ms-swift logs; then its
+    """Wait for the job, saying what the run waits for (waiting_for) and each loss ms-swift logs; then its
     end as `status` tells it (ops/runs.py), one line with the reason and the logs when it did not finish.
     Exit status 0 only if the run finished."""
     run_dir, job_id = Path(plan.run_dir), str(job.job_id)
@@ -209,8 +208,6 @@ def ended(job: submitit.Job[Any], run_dir: Path) -> tuple[str, str, int]:
     """The run's state, why, and its attempts once its job has ended, as `status` tells it: asked again while
     SLURM's accounting still shows the job queued or running (it lags behind the job's end), at most
     END_SETTLE_S; a job that ended is never reported as running."""
-    from swiftslurm.ops.runs import ACTIVE_STATES, facts_of
-
     deadline = time.monotonic() + END_SETTLE_S
     facts = facts_of(run_dir)
     while facts.state in ACTIVE_STATES and time.monotonic() < deadline:
