@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from swiftslurm.rundir.beat import describe_leader_beat, read_leader_beat
+from swiftslurm.rundir.beat import describe_leader_beat, every, read_leader_beat
 from swiftslurm.rundir.jsonio import write_json_atomic
 
 log = logging.getLogger("swiftslurm.heartbeat")
@@ -67,20 +67,9 @@ class LeaderBeat:
     @contextmanager
     def running(self) -> Iterator[LeaderBeat]:
         """Beat every BEAT_S from a daemon thread while the block runs."""
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(BEAT_S):
-                self.write()
-
         self.write()
-        thread = threading.Thread(target=beat, name="swiftslurm-leader-beat", daemon=True)
-        thread.start()
-        try:
+        with every(BEAT_S, self.write, "swiftslurm-leader-beat"):
             yield self
-        finally:
-            stop.set()
-            thread.join()
 
 
 def leader_silence(path: Path, now: float, waiting_since: float) -> str | None:

@@ -30,7 +30,7 @@ from swiftslurm.ckpt.checkpoint import newest_committed
 from swiftslurm.errors import StorageError, SwiftSlurmError, report
 from swiftslurm.ops.waiting import Narrator
 from swiftslurm.plan import PlanGlance, StorageSpec
-from swiftslurm.rundir.beat import GiB
+from swiftslurm.rundir.beat import GiB, every
 from swiftslurm.rundir.layout import output_dir, plan_file
 from swiftslurm.storage.store import CheckpointStore, MiB, checking, newest_remote_step, tries
 from swiftslurm.storage.sync import record_uploaded
@@ -72,19 +72,8 @@ class Progress:
     @contextmanager
     def said(self) -> Iterator[Progress]:
         """Tick every TICK_S from a daemon thread while the block runs."""
-        stop = threading.Event()
-
-        def ticks() -> None:
-            while not stop.wait(TICK_S):
-                self.tick()
-
-        thread = threading.Thread(target=ticks, name="swiftslurm-progress", daemon=True)
-        thread.start()
-        try:
+        with every(TICK_S, self.tick, "swiftslurm-progress"):
             yield self
-        finally:
-            stop.set()
-            thread.join()
 
 
 def _size(count: int, total: int, of: bool = False) -> str:

@@ -18,8 +18,10 @@ rundir's own modules here: every training rank imports it.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,3 +161,21 @@ def describe_leader_beat(beat: dict[str, Any]) -> str:
     if beat.get("total"):
         return f"{doing} ({beat.get('bytes', 0) / GiB:.1f} of {beat['total'] / GiB:.1f} GiB)"
     return doing
+
+
+@contextmanager
+def every(interval_s: float, action: Callable[[], None], name: str) -> Iterator[None]:
+    """Call ``action`` every ``interval_s`` from a daemon thread (named ``name``) while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            action()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
