@@ -65,8 +65,10 @@ def lose_node(node: str) -> None:
 
 
 def slurmd_command(node: str) -> list[str]:
-    """scripts/slurm-local.sh's start_slurmd: the node's network namespace, a UTS namespace named after it."""
-    namespace = ["nsenter", f"--net=/run/netns/sslurm-{node}", "--", "unshare", "--uts", "--"]
+    """scripts/slurm-local.sh's start_slurmd: the node's network namespace, a UTS namespace named after it, and a
+    mount namespace of its own (a slave of the host's), so a node restored by a test keeps its own mounts."""
+    unshare = ["unshare", "--uts", "--mount", "--propagation", "slave", "--"]
+    namespace = ["nsenter", f"--net=/run/netns/sslurm-{node}", "--", *unshare]
     return [*namespace, "sh", "-c", 'hostname "$1" && exec slurmd -D -N "$1"', "sh", node]
 
 
