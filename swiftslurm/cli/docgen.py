@@ -63,7 +63,7 @@ def section(title: str, prefix: str, schema: type) -> list[str]:
 
 
 # What the command line refuses (exit status 2, one line naming the setting and the fix, nothing written or
-# submitted); tests/data/bad_inputs.yaml holds one example or more of each.
+# submitted); tests/data/bad_inputs/ holds one example or more of each.
 REFUSED = [
     "## What is refused before anything is written",
     "",

@@ -1,6 +1,6 @@
 """Bad input is refused before the queue, in one line that names the fix (issue 14, item 10).
 
-The corpus is data: tests/data/bad_inputs.yaml. Every refused case runs the real command line in this process
+The corpus is data: tests/data/bad_inputs/*.yaml (one file per issue or theme, each with `refused` and `accepted`). Every refused case runs the real command line in this process
 (Hydra composes conf/, swiftslurm plans, writes the run dir unless it refuses) and must exit 2 with at most
 12 lines of output, no traceback, a message naming the field and the fix, and nothing written. A few run as
 real subprocesses to prove the exit status and the streams as a shell sees them. Accepted cases must plan, and
@@ -23,7 +23,20 @@ from swiftslurm.render import display_command, swift_command
 from swiftslurm.submit.jobs import make_executor
 from tests.conftest import REPO, plan_for
 
-CORPUS = yaml.safe_load((REPO / "tests" / "data" / "bad_inputs.yaml").read_text())
+CORPUS_DIR = REPO / "tests" / "data" / "bad_inputs"
+
+
+def load_corpus() -> dict[str, list[dict[str, Any]]]:
+    """Every file's `refused` and `accepted` cases, in file-name order."""
+    corpus: dict[str, list[dict[str, Any]]] = {"refused": [], "accepted": []}
+    for path in sorted(CORPUS_DIR.glob("*.yaml")):
+        part = yaml.safe_load(path.read_text()) or {}
+        for kind in corpus:
+            corpus[kind] += part.get(kind) or []
+    return corpus
+
+
+CORPUS = load_corpus()
 
 
 MAX_LINES = 12
