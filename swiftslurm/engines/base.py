@@ -18,7 +18,8 @@ from swiftslurm.ckpt.checkpoint import is_last_step, newest_committed, read_mani
 from swiftslurm.signals import SAVE_SIGNAL, outermost_catchers
 
 if TYPE_CHECKING:
-    from swiftslurm.plan import BatchPlan, Parallelism
+    from swiftslurm.plan import BatchPlan, Parallelism, Topology
+    from swiftslurm.planning.memory import ModelShape
 
 ENGINES_DIR = Path(__file__).resolve().parent
 # ms-swift arguments that do not change what is trained (see Engine.result_argv).
@@ -105,6 +106,11 @@ class Engine:
         """Why these arguments cannot keep swiftslurm's promise with this engine (None: they can): a resumed
         run would not continue where it stopped, a commit could hash files still being written, or the
         engine would crash at start-up, after the queue wait."""
+        return None
+
+    def layout_refusal(self, args: Mapping[str, Any], topology: Topology, shape: ModelShape | None) -> str | None:
+        """Why these arguments cannot run on ``topology`` (nodes × ranks) or on a model of ``shape`` (None: not
+        known here): the divisibility rules the engine checks at start-up, after the queue wait. None: they can."""
         return None
 
     def resume_warnings(self, swift_argv: tuple[str, ...]) -> list[str]:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swiftslurm.ckpt.checkpoint import universal_companion
 from swiftslurm.engines import zero_reshard
 from swiftslurm.engines.base import ENGINES_DIR, Engine, argv_value, committed_last_step, is_true
 from swiftslurm.engines.progress import finished_steps
 from swiftslurm.errors import NodeError
+
+if TYPE_CHECKING:
+    from swiftslurm.plan import Topology
+    from swiftslurm.planning.memory import ModelShape
 
 # The ms-swift plugin that makes DeepSpeed ZeRO train on CPU ranks (gloo).
 DEEPSPEED_CPU_PATCH = ENGINES_DIR.parent / "data" / "deepspeed_cpu_patch.py"
@@ -88,6 +92,11 @@ class HfTrainerEngine(Engine):
                     f"swift.{name}=true needs flash attention (ms-swift stops at start-up otherwise, after the queue "
                     f"wait). HINT: add swift.attn_impl=flash_attn (or {', '.join(FLASH_ATTN_IMPLS[1:])})."
                 )
+        return None
+
+    def layout_refusal(self, args: Mapping[str, Any], topology: Topology, shape: ModelShape | None) -> str | None:
+        if args.get("rlhf_type") == "grpo":
+            return _grpo_refusal(args, topology)
         return None
 
     def resume_warnings(self, swift_argv: tuple[str, ...]) -> list[str]:
@@ -175,3 +184,44 @@ def _positive(value: Any) -> bool:
         return int(value) > 0
     except (TypeError, ValueError):
         return value is not None
+
+
+def _grpo_refusal(args: Mapping[str, Any], topology: Topology) -> str | None:
+    """ms-swift 4.6's GRPO rules (rlhf_trainers/args_mixin.py, rollout_mixin.py), on the planned world size:
+    groups of `num_generations` completions per prompt must tile the generation batch, and a colocated vLLM
+    engine's tensor-parallel group must tile the ranks of one node."""
+    generations = _whole(args.get("num_generations"), 8)
+    world = topology.world_size
+    per_step = _whole(args.get("per_device_train_batch_size"), 1) * world
+    steps = args.get("steps_per_generation") or args.get("gradient_accumulation_steps") or 1
+    batch = _whole(args.get("generation_batch_size"), per_step * _whole(steps, 1))
+    fits = [n for n in range(2, batch + 1) if batch % n == 0]
+    fix = (
+        f"set swift.num_generations to one of {fits[:6]}" if fits else "set global_batch_size=2 swift.num_generations=2"
+    )
+    if generations < 2:
+        return (
+            f"swift.num_generations={generations}: GRPO compares completions of one prompt, so it needs at least 2 "
+            f"(ms-swift stops at start-up). HINT: {fix}."
+        )
+    if batch % generations:
+        return (
+            f"swift.num_generations={generations} does not divide the generation batch of {batch} completions "
+            f"(micro_batch_size × {world} ranks × steps per generation), so prompts would not form whole groups. "
+            f"HINT: {fix}, or change global_batch_size."
+        )
+    tp = _whole(args.get("vllm_tensor_parallel_size"), 1)
+    if is_true(args.get("use_vllm")) and args.get("vllm_mode") == "colocate" and topology.procs_per_node % tp:
+        return (
+            f"swift.vllm_tensor_parallel_size={tp} with task.vllm_mode=colocate: each vLLM engine spans {tp} of a "
+            f"node's {topology.procs_per_node} training GPUs, which it must divide. HINT: set "
+            f"swift.vllm_tensor_parallel_size to a divisor of {topology.procs_per_node}."
+        )
+    return None
+
+
+def _whole(value: Any, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default  # a value of the wrong type is swift_args.value_error's to name

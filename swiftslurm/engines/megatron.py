@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from swiftslurm.engines.base import ENGINES_DIR, Engine, argv_value, as_list, is_true
 
 if TYPE_CHECKING:
-    from swiftslurm.plan import BatchPlan, Parallelism
+    from swiftslurm.plan import BatchPlan, Parallelism, Topology
+    from swiftslurm.planning.memory import ModelShape
 
 
 # Settings with which a resumed run would not continue where it stopped, or a commit could hash files still
@@ -93,12 +94,39 @@ class MegatronEngine(Engine):
         for name, (why, fix) in _BREAKS_RESUME.items():
             if is_true(args.get(name)):
                 return f"swift.{name}=true: {why}. HINT: {fix}."
+        if args.get("quant_bits") is not None or args.get("quant_method") is not None:
+            fields = (("strategy.quant_bits", "quant_bits"), ("swift.quant_method", "quant_method"))
+            given = " and ".join(f"{field}={args[k]}" for field, k in fields if args.get(k) is not None)
+            return (
+                f"{given}: Megatron-SWIFT loads the weights through its own bridge and ignores quantisation, so "
+                "the run would train in full precision. HINT: set strategy.quant_bits=null and leave quant_method "
+                "out, or use strategy=qlora with task=sft."
+            )
         if "none" in [str(v) for v in as_list(args.get("report_to"))]:
             # ms-swift 4.6 turns each report_to entry into a callback name: 'none' is a KeyError at start-up.
             return (
                 "swift.report_to=none crashes `megatron` 4.6 at start-up (KeyError 'none'). HINT: leave report_to "
                 "out (set by a config group such as model=tiny: add ~model.swift.report_to to the command)."
             )
+        return None
+
+    def layout_refusal(self, args: Mapping[str, Any], topology: Topology, shape: ModelShape | None) -> str | None:
+        """megatron-core's divisibility rules on the model's shape: attention and KV heads split over the
+        tensor-parallel group, layers over the pipeline stages (unless the first or last stage's count is set),
+        routed experts over the expert-parallel group."""
+        if shape is None:
+            return None
+        tp = int(args.get("tensor_model_parallel_size", 1))
+        pp = int(args.get("pipeline_model_parallel_size", 1))
+        ep = int(args.get("expert_model_parallel_size", 1))
+        for count, what in ((shape.heads, "attention heads"), (shape.kv_heads, "key-value heads")):
+            if count % tp:
+                return _degree_refusal("tp", tp, count, what, topology.world_size)
+        uneven = args.get("decoder_first_pipeline_num_layers") or args.get("decoder_last_pipeline_num_layers")
+        if shape.layers % pp and not uneven:
+            return _degree_refusal("pp", pp, shape.layers, "layers", topology.world_size)
+        if shape.experts and shape.experts % ep:
+            return _degree_refusal("ep", ep, shape.experts, "routed experts", topology.world_size)
         return None
 
     def reshard_refusal(self, args: Mapping[str, Any]) -> str | None:
@@ -116,6 +144,14 @@ class MegatronEngine(Engine):
 
     def resume_form(self) -> str:
         return "--mcore_model CKPT --finetune false (full); --mcore_adapter CKPT --finetune false (LoRA)"
+
+
+def _degree_refusal(name: str, degree: int, count: int, what: str, world_size: int) -> str:
+    fits = [d for d in range(1, min(count, world_size) + 1) if count % d == 0 and world_size % d == 0]
+    return (
+        f"strategy.{name}={degree} does not divide the model's {count} {what} (megatron-core stops at start-up). "
+        f"HINT: set strategy.{name} to one of {fits[-6:]}."
+    )
 
 
 def pauses_after(iteration: int, args: Any, saving: bool) -> tuple[bool, bool]:

@@ -5,6 +5,7 @@ Nothing here imports Hydra, torch or ms-swift: planning must stay fast.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -14,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from swiftslurm import tiny
-from swiftslurm.engines.base import as_list
+from swiftslurm.engines.base import argv_value, as_list
 from swiftslurm.engines.registry import engine_for, engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import (
@@ -28,7 +29,7 @@ from swiftslurm.plan import (
     StorageSpec,
     Topology,
 )
-from swiftslurm.planning import memory_plan, validate
+from swiftslurm.planning import hardware, hub_ids, memory_plan, node_env, validate
 from swiftslurm.planning.config import Config
 from swiftslurm.rundir import layout as rundir
 
@@ -64,9 +65,12 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     validate.check_master_port(cfg.cluster.master_port_base, PORT_SPAN)
     swift_args = _swift_args(cfg, datasets, topology, parallel, batch, run_dir, ctx)
     validate.check_swift_args(cfg, swift_args)
+    engine = engine_for_strategy(cfg.strategy.engine)
+    if (why := engine.layout_refusal(swift_args, topology, memory_plan.shape_of(cfg))) is not None:
+        raise ConfigError(why)
     memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
     validate.check_shrink(cfg, topology, parallel, batch, swift_args)
-    launcher = engine_for_strategy(cfg.strategy.engine).launcher
+    launcher = engine.launcher
     return JobPlan(
         run_name=run_name,
         run_dir=str(run_dir),
@@ -79,7 +83,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         executable=str(Path(python).parent / launcher),
         python=python,
         swift_argv=tuple(_to_argv(swift_args)),
-        env=tuple(sorted(_node_env(cfg).items())),
+        env=tuple(sorted(node_env.node_env(cfg).items())),
         setup=tuple(cfg.cluster.setup),
         master_port_base=cfg.cluster.master_port_base,
         slurm=_slurm_spec(cfg, run_name, topology) if cfg.cluster.scheduler == "slurm" else None,
@@ -153,7 +157,21 @@ def plan_warnings(cfg: Config, plan: JobPlan) -> list[str]:
     """What the user should know about a plan that is not refused, one line each (`warning: ... HINT: ...`):
     the save budget, a narrow memory fit, and what the engine's resume does with these arguments."""
     warnings = [save_budget_warning(cfg, plan), memory_plan.narrow_fit_warning(cfg), loopback_store_warning(plan)]
+    warnings += node_env.env_warnings(cfg.cluster.env)
+    argv = plan.swift_argv
+    precision = {name: argv_value(argv, name) for name in ("fp16", "torch_dtype")}
+    warnings.append(hardware.warning(precision, cfg.cluster.gpu_type))
+    models = [("model.id", cfg.model.id)] + [("swift.reward_model", m) for m in _values(argv, "reward_model")]
+    warnings += [hub_ids.unreleased_warning(field, model) for field, model in models]
     return [w for w in warnings if w is not None] + engine_for(plan.launcher).resume_warnings(plan.swift_argv)
+
+
+def _values(argv: tuple[str, ...], name: str) -> list[str]:
+    """The values after `--name` in an argument list, up to the next option."""
+    if f"--{name}" not in argv:
+        return []
+    rest = argv[argv.index(f"--{name}") + 1 :]
+    return list(itertools.takewhile(lambda word: not word.startswith("--"), rest))
 
 
 def loopback_store_warning(plan: JobPlan) -> str | None:
@@ -310,23 +328,6 @@ def _to_argv(args: dict[str, Any]) -> list[str]:
         else:
             argv.append(str(value))
     return argv
-
-
-def _node_env(cfg: Config) -> dict[str, str]:
-    nccl = cfg.cluster.nccl
-    env = {
-        "NCCL_IB_DISABLE": "0" if nccl.ib else "1",
-        "NCCL_DEBUG": nccl.debug,
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if nccl.async_error_handling else "0",
-        "PYTHONUNBUFFERED": "1",
-    }
-    if nccl.socket_ifname:
-        env |= {"NCCL_SOCKET_IFNAME": nccl.socket_ifname, "GLOO_SOCKET_IFNAME": nccl.socket_ifname}
-    if cfg.model.id == "tiny":
-        # The tiny model is local: never let transformers or ModelScope reach for a hub.
-        env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env |= {k: str(v) for k, v in cfg.cluster.env.items()}
-    return env
 
 
 def _slurm_spec(cfg: Config, run_name: str, topo: Topology) -> SlurmSpec:

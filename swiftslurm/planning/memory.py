@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swiftslurm.errors import ConfigError
+
 GIB = 2**30
 SHAPES_FILE = Path(__file__).resolve().parents[1] / "data" / "model_shapes.json"
 OVERLAP = 0.5  # share of the activations still alive when the gradients are (see the module doc)
@@ -292,6 +294,22 @@ def find_shape(model_id: str, tiny_config: dict[str, Any] | None = None) -> Mode
         return ModelShape.from_config(tiny_config)
     local = Path(model_id) / "config.json"
     if model_id.startswith("/") and local.is_file():
-        return ModelShape.from_config(json.loads(local.read_text()))
+        return _local_shape(model_id, local)
     known = shipped_shapes().get(model_id)
     return ModelShape.from_config(known) if known else None
+
+
+def _local_shape(model_id: str, config_file: Path) -> ModelShape:
+    """A local model's shape from its config.json, or a ConfigError naming what is wrong with the file."""
+    try:
+        config = json.loads(config_file.read_text())
+        if not isinstance(config, dict):
+            raise TypeError(f"a {type(config).__name__}, not an object")
+        return ModelShape.from_config(config)
+    except (OSError, ValueError, TypeError, KeyError, ZeroDivisionError) as err:
+        what = f"lacks {err}" if isinstance(err, KeyError) else f"cannot be read as a model config ({err})"
+        raise ConfigError(
+            f"model.id={model_id}: its config.json {what}; transformers and Megatron read the model's shape "
+            "from it. HINT: point model.id at a Hugging Face model folder (config.json with hidden_size, "
+            "num_hidden_layers, num_attention_heads, vocab_size)."
+        ) from None

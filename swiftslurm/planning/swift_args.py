@@ -67,6 +67,20 @@ RENAMED: dict[str, str] = {
     "max_steps": "train_iters",
     "learning_rate": "lr",
     "per_device_train_batch_size": "micro_batch_size",
+    # The field guides' Megatron-LM and older spellings.
+    "tp_size": "tensor_model_parallel_size",
+    "tp_degree": "tensor_model_parallel_size",
+    "pp_size": "pipeline_model_parallel_size",
+    "pp_degree": "pipeline_model_parallel_size",
+    "ep_size": "expert_model_parallel_size",
+    "ep_degree": "expert_model_parallel_size",
+    "sp_size": "sequence_parallel",
+    "save_interval": "save_steps",
+    "log_interval": "logging_steps",
+    "use_flash_attn": "attn_impl",
+    "log_to_wandb": "report_to",
+    "prefetch_factor": "dataloader_prefetch_factor",
+    "tensorboard_output_dir": "logging_dir",
 }
 
 

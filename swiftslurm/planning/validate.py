@@ -15,7 +15,7 @@ from swiftslurm import secrets
 from swiftslurm.engines.registry import STRATEGY_ENGINES, engine_for_strategy
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.plan import BACKGROUND_PRIORITIES
-from swiftslurm.planning import memory_plan
+from swiftslurm.planning import hardware, memory_plan, swift_rules
 from swiftslurm.slurm import parse_time
 from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
@@ -379,6 +379,8 @@ def check_paths(cfg: Config, topology: Topology, cwd: Path) -> None:
         path = value.split("#")[0] if field == "dataset" else value
         if path.startswith("/"):
             _check_exists(field, value, Path(path))
+            if field == "model.id":
+                _check_model_dir(value, Path(path))
         elif field == "cluster.python" and "/" not in path:
             continue  # a command found on the nodes' PATH
         elif not _is_hub_id(value) or (cwd / path).exists():
@@ -391,6 +393,17 @@ def _check_exists(field: str, value: str, path: Path) -> None:
         raise ConfigError(
             f"{field}={value!r} does not exist ({top} is visible here, so the nodes would not find it either). "
             f"HINT: fix the path, or create {path.name} first."
+        )
+
+
+def _check_model_dir(value: str, path: Path) -> None:
+    """A local model is a folder with config.json (what transformers and Megatron load); seen from here only
+    when its filesystem is mounted here."""
+    if path.is_file() or (path.is_dir() and not (path / "config.json").is_file()):
+        what = "is a file" if path.is_file() else "has no config.json"
+        raise ConfigError(
+            f"model.id={value!r} {what}: a local model is a Hugging Face model folder (config.json, weights, "
+            "tokenizer). HINT: point model.id at that folder, e.g. the one `swift export` or a download wrote."
         )
 
 
@@ -414,35 +427,9 @@ def check_not_managed(user_args: Mapping[str, Any], managed: Iterable[str]) -> N
             )
 
 
-# ms-swift arguments that restate planned facts; each has one home in the config.
-PLANNED_SWIFT_ARGS = {
-    "per_device_train_batch_size": "micro_batch_size",
-    "micro_batch_size": "micro_batch_size",
-    "gradient_accumulation_steps": "global_batch_size",
-    "global_batch_size": "global_batch_size",
-    "tensor_model_parallel_size": "strategy.tp",
-    "pipeline_model_parallel_size": "strategy.pp",
-    "context_parallel_size": "strategy.cp",
-    "expert_model_parallel_size": "strategy.ep",
-    "sequence_parallel": "strategy.sequence_parallel",
-    "deepspeed": "strategy.deepspeed",
-    "fsdp": "strategy.fsdp",
-    "tuner_type": "strategy.tuner_type",
-    "quant_bits": "strategy.quant_bits",
-    "rlhf_type": "task.rlhf_type",
-    "vllm_mode": "task.vllm_mode",
-    "seed": "seed",
-    "dataset": "dataset",
-    "model": "model.id",
-    "ddp_timeout": "cluster.nccl.timeout_s",
-    # Transformers deletes old checkpoints before the new one is committed; swiftslurm prunes after.
-    "save_total_limit": "keep_checkpoints",
-}
-
-
 def check_not_planned(swift: Mapping[str, Any]) -> None:
     """Batch sizes, parallel degrees and the like are planned once; a `swift.*` copy would contradict them."""
-    for name, home in PLANNED_SWIFT_ARGS.items():
+    for name, home in swift_rules.PLANNED_SWIFT_ARGS.items():
         if name in swift:
             raise ConfigError(
                 f"swift.{name} is planned by swiftslurm from `{home}` (so batch arithmetic and parallel degrees "
@@ -460,16 +447,23 @@ def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
     for name in args:
         if name not in valid:
             hint = swift_args.suggest(name, command)
-            fix = f" Did you mean `swift.{hint}`?" if hint else f" HINT: see `{command} --help`."
+            target = swift_rules.PLANNED_SWIFT_ARGS.get(hint or "", f"swift.{hint}")
+            fix = f" Did you mean `{target}`?" if hint else f" HINT: see `{command} --help`."
             raise ConfigError(f"swift.{name} is not an argument of `{command}` in the installed ms-swift.{fix}")
     given = {
         k
         for extra in (cfg.strategy.swift, cfg.task.swift, cfg.model.swift, cfg.cluster.swift, cfg.swift)
         for k in extra
     }
-    for name in sorted(given & set(args)):
+    # What the configuration gives, and what swiftslurm's own fields put there (strategy.tuner_type, ...).
+    for name in sorted((given | set(swift_rules.PLANNED_SWIFT_ARGS)) & set(args)):
         if (why := swift_args.value_error(name, args[name], command)) is not None:
-            raise ConfigError(why)
+            setting = swift_rules.setting_of(name)
+            raise ConfigError(why.replace(f"swift.{name}=", f"{setting}=") if setting != f"swift.{name}" else why)
+    spec = swift_args.arg_specs(command).get("tuner_type")
+    tuners = swift_rules.tuner_choices(spec and (spec.choices or swift_args.literal_choices(spec.type)))
+    if (why := swift_rules.refusal(args, command, tuners) or hardware.refusal(args, cfg.cluster.gpu_type)) is not None:
+        raise ConfigError(why)
 
 
 NO_TIME_LIMIT = 0  # parse_slurm_time of UNLIMITED or INFINITE, SLURM's spellings of "no limit"

@@ -40,6 +40,18 @@ CORPUS = load_corpus()
 
 
 MAX_LINES = 12
+# A local model folder's config.json (setup: NAME): a MoE of 60 experts (Qwen1.5-MoE's count), broken ones.
+MOE_60 = (
+    '{"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,'
+    ' "num_key_value_heads": 16, "vocab_size": 151936, "num_experts": 60, "moe_intermediate_size": 1408,'
+    ' "num_experts_per_tok": 4}'
+)
+MODEL_CONFIGS = {
+    "model_moe60": MOE_60,
+    "model_not_json": "{hidden_size: 1",
+    "model_no_layers": '{"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}',
+    "model_list": "[1, 2]",
+}
 
 
 def split(args: str | list[str]) -> list[str]:
@@ -65,6 +77,9 @@ def prepare(case: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) ->
         (tmp / "train.jsonl").write_text('{"messages": []}\n')
     elif setup == "models_dir":
         (tmp / "models" / "qwen").mkdir(parents=True)
+    elif setup in MODEL_CONFIGS:
+        (tmp / "model").mkdir()
+        (tmp / "model" / "config.json").write_text(MODEL_CONFIGS[setup])
     if case.get("unset"):
         monkeypatch.delenv(case["unset"], raising=False)
     args = [a.replace("{tmp}", str(tmp)) for a in split(case["args"])]
