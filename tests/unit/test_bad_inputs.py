@@ -1,6 +1,7 @@
 """Bad input is refused before the queue, in one line that names the fix (issue 14, item 10).
 
-The corpus is data: tests/data/bad_inputs/*.yaml (one file per issue or theme, each with `refused` and `accepted`). Every refused case runs the real command line in this process
+The corpus is data: tests/data/bad_inputs/*.yaml (one file per issue or theme, each with `refused` and
+`accepted`). Every refused case runs the real command line in this process
 (Hydra composes conf/, swiftslurm plans, writes the run dir unless it refuses) and must exit 2 with at most
 12 lines of output, no traceback, a message naming the field and the fix, and nothing written. A few run as
 real subprocesses to prove the exit status and the streams as a shell sees them. Accepted cases must plan, and
