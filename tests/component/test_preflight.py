@@ -8,6 +8,7 @@ import os
 import socket
 from pathlib import Path
 
+from swiftslurm import tiny
 from swiftslurm.launch import prepare_run_dir
 from swiftslurm.planning.make import PlanContext, make_plan
 from swiftslurm.preflight import checks as pc
@@ -31,6 +32,7 @@ def test_checks_pass_on_this_machine(tmp_path: Path) -> None:
     """A real run on one node: binds the port, writes the token, finds the paths, all-reduces over gloo."""
     model, data = tmp_path / "model", tmp_path / "train.jsonl"
     model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny.MODEL_CONFIG | {"vocab_size": tiny.VOCAB_SIZE}))
     data.write_text("{}\n")
     cfg = compose_config(f"run_dir={tmp_path / 'run'}", f"model.id={model}", f"dataset=[{data}]")
     plan = make_plan(cfg, PlanContext(cwd=tmp_path))
