@@ -10,6 +10,7 @@ what the training ranks import.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -193,6 +194,15 @@ def argv_value(argv: tuple[str, ...], name: str) -> str | None:
         if token == flag:
             found = argv[i + 1]
     return found
+
+
+def argv_values(argv: tuple[str, ...], name: str) -> list[str]:
+    """The values of the first `--name` in an ms-swift argument list (several for a list argument), up to the
+    next option; none when it is not there."""
+    if f"--{name}" not in argv:
+        return []
+    rest = argv[argv.index(f"--{name}") + 1 :]
+    return list(itertools.takewhile(lambda word: not word.startswith("--"), rest))
 
 
 def is_true(value: Any) -> bool:

@@ -5,7 +5,6 @@ Nothing here imports Hydra, torch or ms-swift: planning must stay fast.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from swiftslurm import tiny
-from swiftslurm.engines.base import argv_value, as_list
+from swiftslurm.engines.base import argv_value, argv_values, as_list
 from swiftslurm.engines.registry import engine_for, engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import (
@@ -161,17 +160,9 @@ def plan_warnings(cfg: Config, plan: JobPlan) -> list[str]:
     argv = plan.swift_argv
     precision = {name: argv_value(argv, name) for name in ("fp16", "torch_dtype")}
     warnings.append(hardware.warning(precision, cfg.cluster.gpu_type))
-    models = [("model.id", cfg.model.id)] + [("swift.reward_model", m) for m in _values(argv, "reward_model")]
+    models = [("model.id", cfg.model.id)] + [("swift.reward_model", m) for m in argv_values(argv, "reward_model")]
     warnings += [hub_ids.unreleased_warning(field, model) for field, model in models]
     return [w for w in warnings if w is not None] + engine_for(plan.launcher).resume_warnings(plan.swift_argv)
-
-
-def _values(argv: tuple[str, ...], name: str) -> list[str]:
-    """The values after `--name` in an argument list, up to the next option."""
-    if f"--{name}" not in argv:
-        return []
-    rest = argv[argv.index(f"--{name}") + 1 :]
-    return list(itertools.takewhile(lambda word: not word.startswith("--"), rest))
 
 
 def loopback_store_warning(plan: JobPlan) -> str | None:

@@ -101,8 +101,10 @@ def tuner_choices(annotation_choices: tuple[Any, ...] | None) -> tuple[str, ...]
 
 def refusal(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
     """Why ms-swift would refuse (or silently ignore) these merged arguments at start-up; None when it would not."""
-    for check in (_tuner, _deepspeed, _fsdp, _precision, _quantisation, _ranges, _dataset_suffixes):
-        if (why := check(args, command, tuners)) is not None:
+    if (why := _tuner(args, command, tuners)) is not None:
+        return why
+    for check in (_deepspeed, _fsdp, _precision, _quantisation, _ranges, _dataset_suffixes):
+        if (why := check(args)) is not None:
             return why
     return None
 
@@ -137,19 +139,19 @@ def _config_file(field: str, value: str, presets: tuple[str, ...]) -> str | None
     return None
 
 
-def _deepspeed(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
+def _deepspeed(args: Mapping[str, Any]) -> str | None:
     value = args.get("deepspeed")
     if value is None or isinstance(value, dict):
         return None
     return _config_file(setting_of("deepspeed"), str(value), DEEPSPEED_PRESETS)
 
 
-def _fsdp(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
+def _fsdp(args: Mapping[str, Any]) -> str | None:
     value = args.get("fsdp")
     return None if not value else _config_file(setting_of("fsdp"), str(value), FSDP_PRESETS)
 
 
-def _precision(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
+def _precision(args: Mapping[str, Any]) -> str | None:
     if is_true(args.get("fp16")) and is_true(args.get("bf16")):
         return "swift.fp16=true and swift.bf16=true: a run trains in one precision. HINT: set swift.fp16=false."
     dtype = args.get("torch_dtype")
@@ -162,7 +164,7 @@ def _precision(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -
     return None
 
 
-def _quantisation(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
+def _quantisation(args: Mapping[str, Any]) -> str | None:
     bits, method = args.get("quant_bits"), args.get("quant_method")
     if bits is None and method is None:
         return None
@@ -212,7 +214,7 @@ def _quantised_sharding(args: Mapping[str, Any], bits: Any) -> str | None:
     return None
 
 
-def _ranges(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
+def _ranges(args: Mapping[str, Any]) -> str | None:
     for name, low, high, low_ok in RANGES:
         value = args.get(name)
         if value is None or isinstance(value, (bool, list, tuple, dict)):
@@ -254,7 +256,7 @@ def _range_fix(name: str) -> str:
 _SUBSET_SUFFIX = re.compile(r"#([^/]*)$")
 
 
-def _dataset_suffixes(args: Mapping[str, Any], command: str, tuners: tuple[str, ...]) -> str | None:
+def _dataset_suffixes(args: Mapping[str, Any]) -> str | None:
     """`id#N` samples N rows (ms-swift's dataset syntax); anything but a positive whole N stops the job."""
     for item in as_list(args.get("dataset")):
         found = _SUBSET_SUFFIX.search(str(item))

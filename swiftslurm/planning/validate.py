@@ -458,8 +458,7 @@ def check_swift_args(cfg: Config, args: Mapping[str, Any]) -> None:
     # What the configuration gives, and what swiftslurm's own fields put there (strategy.tuner_type, ...).
     for name in sorted((given | set(swift_rules.PLANNED_SWIFT_ARGS)) & set(args)):
         if (why := swift_args.value_error(name, args[name], command)) is not None:
-            setting = swift_rules.setting_of(name)
-            raise ConfigError(why.replace(f"swift.{name}=", f"{setting}=") if setting != f"swift.{name}" else why)
+            raise ConfigError(why.replace(f"swift.{name}=", f"{swift_rules.setting_of(name)}="))
     spec = swift_args.arg_specs(command).get("tuner_type")
     tuners = swift_rules.tuner_choices(spec and (spec.choices or swift_args.literal_choices(spec.type)))
     if (why := swift_rules.refusal(args, command, tuners) or hardware.refusal(args, cfg.cluster.gpu_type)) is not None:
