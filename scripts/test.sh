@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each tier's budget in seconds, here and nowhere else: a tier that runs longer fails (tests/conftest.py),
-# even when every test passed, so growth shows up as a failure rather than a slower CI. Measured by `.ci/run` on
-# the 2-core machine (tests/README.md, 2026-12-02): unit 75 s, component 183 s beside cluster-alone 324 s, cluster
-# (two processes) 1628 s; 2059 s in all. The unit and component budgets leave room for a busy machine (they took
-# 320 s and 290 s beside other work); the cluster ones about 45 %, since a busy machine slows those tests most.
+# Each tier's budget in seconds on the reference machine, here and nowhere else: a tier that runs longer fails
+# (tests/conftest.py), even when every test passed, so growth shows up as a failure rather than a slower CI.
+# Measured by `.ci/run` on the 2-core machine (tests/README.md, 2026-12-02): unit 75 s, component 183 s beside
+# cluster-alone 324 s, cluster (two processes) 1628 s; 2059 s in all. The unit and component budgets leave room
+# for a busy machine (they took 320 s and 290 s beside other work); the cluster ones about 45 %, since a busy
+# machine slows those tests most. Each is multiplied by this machine's measured slowdown against the reference
+# (swiftslurm/testing/speed.py, measured below before the tiers): a machine slower this hour is not growth.
 UNIT_BUDGET_S=300
 COMPONENT_BUDGET_S=600
 CLUSTER_BUDGET_S=2400
@@ -53,6 +55,9 @@ background_ok() {
 }
 
 bash scripts/setup.sh
+# The budgets' scale: how much slower than the reference machine this one is now (never below 1).
+slowdown=$(.venv/bin/python -m swiftslurm.testing.speed | sed -n 's/^SWIFTSLURM_MACHINE_SLOWDOWN=//p')
+export SWIFTSLURM_MACHINE_SLOWDOWN=$slowdown
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -65,9 +70,10 @@ mypy_pid=$!
 # (`-k storage`), a tier they leave without tests (pytest's exit 5) passes.
 selected_by_caller=$#
 tier() {
-  local name=$1 budget=$2 status=0
+  local name=$1 base=$2 budget status=0
+  budget=$(awk -v b="$base" -v f="$slowdown" 'BEGIN { printf "%d", b * f }')
   shift 2
-  echo "=== $name tier (budget ${budget} s)"
+  echo "=== $name tier (budget ${budget} s: ${base} s x ${slowdown}, this machine's slowdown)"
   SWIFTSLURM_TIER_BUDGET_S=$budget timeout --signal=INT --kill-after=60 $((2 * budget)) \
     .venv/bin/python -m pytest --durations=15 "$@" || status=$?
   if [[ $status == 5 && $selected_by_caller != 0 ]]; then

@@ -38,6 +38,7 @@ def plan_for(*overrides: str, cwd: Path = Path("/home/user/project")) -> JobPlan
 
 
 BUDGET_ENV = "SWIFTSLURM_TIER_BUDGET_S"
+SLOWDOWN_ENV = "SWIFTSLURM_MACHINE_SLOWDOWN"  # swiftslurm/testing/speed.py
 _session_start = time.monotonic()
 
 
@@ -54,9 +55,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     took = time.monotonic() - _session_start
     if took > float(budget):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        scale = os.environ.get(SLOWDOWN_ENV, "1")
         message = (
-            f"this tier took {took:.0f} s, over its budget of {budget} s ({BUDGET_ENV}, set in scripts/test.sh): "
-            "make the slow tests faster (--durations=15 names them), or raise the budget there saying why"
+            f"this tier took {took:.0f} s, over its budget of {budget} s ({BUDGET_ENV}, set in scripts/test.sh, "
+            f"already x {scale} for this machine's measured slowdown, {SLOWDOWN_ENV}): make the slow tests faster "
+            "(--durations=15 names them), or raise the budget there saying why"
         )
         if reporter is not None:
             reporter.ensure_newline()

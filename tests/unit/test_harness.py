@@ -20,6 +20,7 @@ from swiftslurm.testing.cluster import (
     run_over,
     wait_until,
 )
+from swiftslurm.testing.speed import REFERENCE_S, slowdown
 from tests.unit.test_layout import module_graph
 
 
@@ -104,3 +105,11 @@ def test_the_previous_attempt_ends_at_the_newest_other_record(tmp_path: Path) ->
     assert previous_attempt_end(run_dir, "4.i1") == 100.0  # its own record (written once it ended) is not earlier
     (tmp_path / "new").mkdir()
     assert previous_attempt_end(fake_run(tmp_path / "new", "running"), "1") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "factor"),
+    [(3.0, 1.0), (REFERENCE_S, 1.0), (REFERENCE_S * 1.8, 1.8), (REFERENCE_S * 1.234, 1.23)],
+)
+def test_tier_budgets_grow_with_the_measured_slowdown_and_never_shrink(seconds: float, factor: float) -> None:
+    assert slowdown(seconds) == factor
