@@ -186,45 +186,47 @@ def test_from_environ_starts_no_process_by_default(scontrol: FakeScontrol) -> No
 # --- the plan: SLURM's grammar, without SLURM -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "problem"),
-    [
-        ("node[5-3]", "runs backwards"),
-        ("n[10-8]", "runs backwards"),
-        ("node[1-3", "never closed"),
-        ("node1-3]", "closes no"),
-        ("node[1-2]]", "closes no"),
-        ("node[[1-2]]", "nest"),
-        ("node 1", "space"),
-        ("node1, node2", "space"),
-        (" node1", "space"),
-        ("node[ 1-3]", "space"),  # SLURM reads this as node01..node03
-        ("node[]", "empty entry"),
-        ("node[,1]", "empty entry"),
-        ("node[1,,2]", "empty entry"),
-        ("node[1-]", "`1-` is not a number"),  # SLURM reads this as node1
-        ("node[-3]", "`-3` is not a number"),
-        ("node[1--3]", "not a number"),
-        ("node[a-c]", "not a number"),
-        ("node[1-3:2]", "not a number"),
-        ("node[0x1-3]", "not a number"),
-        ("node[1-2]x", "after its last bracket group (`x`)"),
-        ("node[1-2].ib", "after its last bracket group"),
-        ("a.b[1-2].c", "after its last bracket group"),
-        ("x[1-2]y[1-2]z", "after its last bracket group"),
-        ("n[0-65536]", "more than 65536"),
-        ("", "names no host"),
-    ],
-)
+# (host list, why SLURM refuses it): tests/cluster/test_hostlists.py shows SLURM 22.05 refusing or misreading each.
+REFUSED: list[tuple[str, str]] = [
+    ("node[5-3]", "runs backwards"),
+    ("n[10-8]", "runs backwards"),
+    ("node[1-3", "never closed"),
+    ("node1-3]", "closes no"),
+    ("node[1-2]]", "closes no"),
+    ("node[[1-2]]", "nest"),
+    ("node 1", "space"),
+    ("node1, node2", "space"),
+    (" node1", "space"),
+    ("node[ 1-3]", "space"),  # SLURM reads this as node01..node03
+    ("node[]", "empty entry"),
+    ("node[,1]", "empty entry"),
+    ("node[1,,2]", "empty entry"),
+    ("node[1-]", "`1-` is not a number"),  # SLURM reads this as node1
+    ("node[-3]", "`-3` is not a number"),
+    ("node[1--3]", "not a number"),
+    ("node[a-c]", "not a number"),
+    ("node[1-3:2]", "not a number"),
+    ("node[0x1-3]", "not a number"),
+    ("node[1-2]x", "after its last bracket group (`x`)"),
+    ("node[1-2].ib", "after its last bracket group"),
+    ("a.b[1-2].c", "after its last bracket group"),
+    ("x[1-2]y[1-2]z", "after its last bracket group"),
+    ("n[0-65536]", "more than 65536"),
+    ("", "names no host"),
+]
+
+
+@pytest.mark.parametrize(("text", "problem"), REFUSED)
 def test_slurm_refuses_these_host_lists(text: str, problem: str) -> None:
     assert problem in (hostlist_problem(text) or "")
 
 
-@pytest.mark.parametrize(
-    "text",
-    [*(row[0] for row in AWKWARD if row[2] != "spaces"), "[1-3]", "node,", ",node", "n[1-65536]", "n[007]", "node[1-1]",
-     "node[1-2]x[1-2]", "host-1.cluster.local"],
-)  # fmt: skip
+# Unusual host lists SLURM takes (the awkward ones without spaces, and more).
+TAKEN = [*(row[0] for row in AWKWARD if row[2] != "spaces"), "[1-3]", "node,", ",node", "n[1-65536]", "n[007]",
+         "node[1-1]", "node[1-2]x[1-2]", "host-1.cluster.local"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", TAKEN)
 def test_slurm_takes_these_host_lists(text: str) -> None:
     assert hostlist_problem(text) is None
 
