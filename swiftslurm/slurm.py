@@ -318,6 +318,21 @@ def cancel(job_ids: Sequence[str], signal: str | None = None) -> None:
 
 # --- nodes and partitions -------------------------------------------------------------------------------------
 
+# `scontrol show hostnames` parses the list itself and asks no controller: one try, briefly, since its caller has
+# an expansion of its own to fall back on.
+HOSTNAMES = Retry(timeout_s=10.0, tries=1, budget_s=10.0)
+
+
+def hostnames(nodelist: str, retry: Retry = HOSTNAMES) -> list[str]:
+    """SLURM's own expansion of a host list (`scontrol show hostnames`): SLURM's order, its duplicates kept.
+    Raises SlurmError when scontrol is missing or fails, and when it prints no host: it exits 0 for a list it
+    refuses, saying "Invalid hostlist" on stderr only."""
+    argv = ["scontrol", "show", "hostnames", nodelist]
+    hosts = run(argv, retry).split()
+    if not hosts:
+        raise SlurmError(f"`{_shown(argv)}` printed no host: SLURM refuses the list", tuple(argv), "no host")
+    return hosts
+
 
 def partitions() -> set[str]:
     """Names of the partitions this cluster has (the default one is marked '*' by sinfo; stripped)."""

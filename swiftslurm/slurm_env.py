@@ -3,26 +3,145 @@
 ``SlurmEnv.from_environ`` reads a Mapping and never writes ``os.environ``; ``rank_env`` is a pure
 function of (SlurmEnv, plan). Outside SLURM (submitit's local executor, or a plain shell) the node is
 node 0 of 1.
+
+Host lists live here too: SLURM's grammar for them (``hostlist_problem``, checked at plan time), their expansion
+by python-hostlist (``expand_hostlist``) and by SLURM itself (``slurm_hostnames``, which the node uses: node i is
+``hosts[i]`` for blame and preflight, and only SLURM's expansion has SLURM's order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from swiftslurm import slurm
 from swiftslurm.engines.registry import engine_for
-from swiftslurm.errors import NodeError
+from swiftslurm.errors import NodeError, SlurmError
 from swiftslurm.plan import PORT_SPAN, BatchPlan, JobPlan
+
+log = logging.getLogger(__name__)
+
+HostExpander = Callable[[str], list[str]]
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """'gpu-a[001-003,010],gpu-b7' -> ['gpu-a001', 'gpu-a002', 'gpu-a003', 'gpu-a010', 'gpu-b7']."""
-    import hostlist  # python-hostlist: SLURM's own syntax, including nested ranges and padding
+    """'gpu-a[001-003,010],gpu-b7' -> ['gpu-a001', 'gpu-a002', 'gpu-a003', 'gpu-a010', 'gpu-b7'], by python-hostlist,
+    duplicates kept as SLURM keeps them. With three or more bracket groups its order differs from SLURM's
+    (`slurm_hostnames` has SLURM's), and it takes some lists SLURM refuses (`hostlist_problem` names them)."""
+    import hostlist  # python-hostlist: SLURM's syntax, including several bracket groups and padding
 
     try:
-        return list(hostlist.expand_hostlist(text))
+        return list(hostlist.expand_hostlist(text, allow_duplicates=True))
     except hostlist.BadHostlist as err:
         raise NodeError(f"SLURM_JOB_NODELIST={text!r} is not a host list ({err}).") from err
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """The hosts of a list as SLURM expands it (`scontrol show hostnames`, swiftslurm.slurm.hostnames); where
+    scontrol is missing or fails, python-hostlist's expansion, saying so in the node's log."""
+    try:
+        return slurm.hostnames(nodelist)
+    except SlurmError as err:
+        hosts = expand_hostlist(nodelist)
+        log.warning(f"[swiftslurm] hosts of {nodelist} expanded by python-hostlist, not by SLURM: {err.said or err}")
+        return hosts
+
+
+# --- SLURM's host-list grammar (as SLURM 22.05's scontrol and sbatch read it) --------------------------------------
+
+MAX_RANGE_HOSTS = 65536  # the most hosts SLURM takes in one bracketed range ("Too many hosts in range")
+HOSTLIST_FORM = "host names separated by commas, with numbers and LO-HI ranges in brackets"
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def hostlist_problem(text: str) -> str | None:
+    """Why SLURM refuses this host list, or None when it takes it. Stricter than SLURM in two ways, both lists
+    SLURM misreads rather than refuses: an unclosed bracket (`node[1-3` is the host `node]` to scontrol) and a
+    range without an end (`node[1-]`)."""
+    if not text.strip():
+        return "it names no host"
+    if any(c.isspace() for c in text):
+        return "it has a space (SLURM separates hosts with commas only; a space splits the #SBATCH option)"
+    if (problem := _bracket_problem(text)) is not None:
+        return problem
+    for name in _names(text):
+        if (problem := _name_problem(name)) is not None:
+            return problem
+    return None
+
+
+def _bracket_problem(text: str) -> str | None:
+    depth = 0
+    for c in text:
+        if c == "[" and depth:
+            return "its brackets nest"
+        if c == "]" and not depth:
+            return "a `]` closes no `[`"
+        depth += {"[": 1, "]": -1}.get(c, 0)
+    return "a `[` is never closed" if depth else None
+
+
+def _names(text: str) -> list[str]:
+    """The comma-separated entries of a list whose brackets balance (commas inside brackets separate numbers)."""
+    return [name for name in re.split(r",(?![^\[]*\])", text) if name]
+
+
+def _name_problem(name: str) -> str | None:
+    if "]" in name and not name.endswith("]"):
+        after = name[name.rindex("]") + 1 :]
+        return f"`{name}` has text after its last bracket group (`{after}`), which SLURM refuses"
+    for group in re.findall(r"\[([^\]]*)\]", name):
+        for item in group.split(","):
+            if (problem := _range_problem(item)) is not None:
+                return f"`{name}`: {problem}"
+    return None
+
+
+def _range_problem(item: str) -> str | None:
+    match = _RANGE.fullmatch(item)
+    if not match:
+        return f"`{item}` is not a number or a LO-HI range" if item else "a bracket group has an empty entry"
+    low, high = int(match[1]), int(match[2] or match[1])
+    if low > high:
+        return f"the range {item} runs backwards"
+    if high - low + 1 > MAX_RANGE_HOSTS:
+        return f"the range {item} has more than {MAX_RANGE_HOSTS} hosts"
+    return None
+
+
+def repaired_hostlist(text: str) -> str | None:
+    """A host list SLURM takes that most likely means what ``text`` meant (spaces made commas, an unclosed
+    bracket closed, empty entries dropped, backward ranges turned round, text after the last bracket group
+    spelled out host by host), or None when these repairs do not give one."""
+    fixed = re.sub(r"[\s,]+", ",", text.strip()).strip(",")
+    if fixed.count("[") == fixed.count("]") + 1 and fixed.rfind("[") > fixed.rfind("]"):
+        fixed += "]"
+    fixed = re.sub(r"\[([^\[\]]*)\]", lambda group: f"[{_repaired_group(group[1])}]", fixed)
+    if _bracket_problem(fixed) is None:
+        fixed = ",".join(_spelled_out(name) for name in _names(fixed))
+    return fixed if fixed and hostlist_problem(fixed) is None else None
+
+
+def _repaired_group(group: str) -> str:
+    return ",".join(_turned_round(item) for item in group.split(",") if item)
+
+
+def _turned_round(item: str) -> str:
+    match = _RANGE.fullmatch(item)
+    return f"{match[2]}-{match[1]}" if match and match[2] and int(match[1]) > int(match[2]) else item
+
+
+def _spelled_out(name: str) -> str:
+    """`node[1-2]-ib` -> `node1-ib,node2-ib` (SLURM refuses text after the last group); other names unchanged."""
+    if "]" not in name or name.endswith("]") or _bracket_problem(name):
+        return name
+    try:
+        hosts = expand_hostlist(name)
+    except NodeError:
+        return name
+    return ",".join(hosts) if len(hosts) <= 16 else name
 
 
 @dataclass(frozen=True)
@@ -45,11 +164,14 @@ class SlurmEnv:
         return bool(self.hosts)
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> SlurmEnv:
+    def from_environ(cls, env: Mapping[str, str], expand: HostExpander = expand_hostlist) -> SlurmEnv:
+        """Where this task runs, read from ``env`` alone. ``expand`` turns SLURM_JOB_NODELIST into hosts: the
+        node's entry points pass ``slurm_hostnames`` (SLURM's own order); the default, python-hostlist, starts no
+        process, for the dry run's example allocation and for tests."""
         if "SLURM_JOB_ID" not in env or "SLURM_PROCID" not in env:
             return cls.local(env)
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-        hosts = tuple(expand_hostlist(nodelist))
+        hosts = tuple(expand(nodelist)) if nodelist else ()
         return cls(
             job_id=env["SLURM_JOB_ID"],
             hosts=hosts,

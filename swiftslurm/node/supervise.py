@@ -25,7 +25,7 @@ from swiftslurm.node.conclude import record_refusal
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir.layout import plan_file
 from swiftslurm.signals import SignalLog, ignore_from_now_on
-from swiftslurm.slurm_env import SlurmEnv
+from swiftslurm.slurm_env import SlurmEnv, slurm_hostnames
 
 __all__ = ["NodeResult", "TrainingFailed", "attempt_id", "exit_code", "load_plan", "run_node", "submitit_entry"]
 
@@ -55,13 +55,13 @@ def run_node(run_dir_arg: str, signals: SignalLog | None = None) -> NodeResult:
         with SignalLog().installed() as installed:
             return run_node(run_dir_arg, installed)
     run_dir = Path(run_dir_arg).resolve()
-    where = SlurmEnv.from_environ(os.environ)
+    _log_to_stdout()
+    where = SlurmEnv.from_environ(os.environ, slurm_hostnames)  # SLURM's own node order: node i is hosts[i]
     try:
         plan = load_plan(run_dir)
     except NodeError as err:  # a changed plan.json: the run dir says why, not only the job's log
         record_refusal(run_dir, where, attempt_id(where), str(err))
         raise
-    _log_to_stdout()
     return attempt.run(run_dir, plan, where, signals)
 
 

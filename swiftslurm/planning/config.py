@@ -100,7 +100,9 @@ class ClusterConfig:
     account: str | None = doc(None, "SLURM account (`--account`).")
     qos: str | None = doc(None, "SLURM QOS (`--qos`).")
     constraint: str | None = doc(None, "SLURM node features (`--constraint`).")
-    exclude: str | None = doc(None, "Nodes never to use (`--exclude`, a host list).")
+    exclude: str | None = doc(
+        None, "Nodes never to use (`--exclude`): a SLURM host list such as `node[01-04,7]`, checked before submission."
+    )
     time: str = doc("4:00:00", "Time limit per attempt, in SLURM format: MM, HH:MM:SS, D-HH:MM:SS.")
     signal_lead_s: int = doc(
         120,

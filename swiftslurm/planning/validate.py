@@ -17,11 +17,12 @@ from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.plan import BACKGROUND_PRIORITIES
 from swiftslurm.planning import hardware, memory_plan, swift_rules
 from swiftslurm.slurm import parse_time
+from swiftslurm.slurm_env import HOSTLIST_FORM, hostlist_problem, repaired_hostlist
 from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
     from swiftslurm.plan import BatchPlan, Parallelism, Topology
-    from swiftslurm.planning.config import Config, StrategyConfig
+    from swiftslurm.planning.config import ClusterConfig, Config, StrategyConfig
 
 SCHEDULERS = ("local", "slurm")
 VLLM_MODES = ("colocate", "server")
@@ -151,10 +152,15 @@ MANAGED_SBATCH = {
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def sbatch_option(key: Any) -> str:
+    """The sbatch option a cluster.sbatch key stands for: `--mail_type` -> `mail-type`, `w` -> `w`."""
+    option = str(key).lstrip("-")
+    return option if len(option) == 1 else option.replace("_", "-")
+
+
 def check_sbatch_extra(sbatch: Mapping[str, Any]) -> None:
     for key in sbatch:
-        option = str(key).lstrip("-")
-        option = option if len(option) == 1 else option.replace("_", "-")
+        option = sbatch_option(key)
         if option not in MANAGED_SBATCH:
             continue
         home = MANAGED_SBATCH[option]
@@ -498,6 +504,24 @@ def check_slurm_required(cfg: Config) -> None:
         raise ConfigError(
             f"cluster {cfg.cluster.name} has no partition. HINT: set cluster.partition=NAME (`sinfo -s` lists them)."
         )
+
+
+# cluster.sbatch's spellings of sbatch's --nodelist (cluster.exclude owns --exclude: MANAGED_SBATCH)
+NODELIST = ("nodelist", "w")
+
+
+def check_host_lists(cluster: ClusterConfig) -> None:
+    """cluster.exclude and cluster.sbatch.nodelist reach `#SBATCH` as written, and the node expands the exclusions
+    itself: each must be a host list SLURM takes (slurm_env.hostlist_problem, no SLURM needed)."""
+    lists = {"cluster.exclude": cluster.exclude}
+    lists |= {f"cluster.sbatch.{key}": value for key, value in cluster.sbatch.items() if sbatch_option(key) in NODELIST}
+    for field, value in lists.items():
+        if value is None or (problem := hostlist_problem(str(value))) is None:
+            continue
+        fix = repaired_hostlist(str(value))
+        example = f"'{field}=\"{fix or 'node[01-04,7]'}\"'"
+        hint = example if fix else f"write {HOSTLIST_FORM}, e.g. {example}, or leave {field} out"
+        raise ConfigError(f"{field}={str(value)!r} is not a SLURM host list: {problem}. HINT: {hint}.")
 
 
 def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: BatchPlan, args: Mapping[str, Any]) -> None:

@@ -43,7 +43,7 @@ from swiftslurm.rundir.layout import (
     preflight_rank_report,
     preflight_token,
 )
-from swiftslurm.slurm_env import SlurmEnv, master_port
+from swiftslurm.slurm_env import SlurmEnv, master_port, slurm_hostnames
 
 POLL_S = 0.25
 DIST_CHECK = "torch.distributed all-reduce"
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-base", type=int, help="cluster.master_port_base (default: from plan.json)")
     parser.add_argument("--timeout", type=float, help="seconds (default: preflight_timeout_s from plan.json)")
     args = parser.parse_args(argv)
-    where = SlurmEnv.from_environ(os.environ)
+    where = SlurmEnv.from_environ(os.environ, slurm_hostnames)  # SLURM's node order: node i is hosts[i]
     attempt = str(where.job_id) if where.job_id else f"local-{os.getpid()}"
     result = run(context(Path(args.run_dir).resolve(), where, attempt, args.port_base, args.timeout))
     print(show(result), flush=True)
