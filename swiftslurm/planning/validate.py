@@ -150,6 +150,24 @@ MANAGED_SBATCH = {
     "a": "array_parallelism",
 }
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# sbatch's one-letter options that swiftslurm does not write, by their long names: cluster.sbatch becomes
+# `#SBATCH --KEY=VALUE` lines (and submitit's --KEY=VALUE), which only long names can be.
+SBATCH_LONG_NAMES = {
+    "w": "nodelist",
+    "d": "dependency",
+    "b": "begin",
+    "k": "no-kill",
+    "m": "distribution",
+    "s": "oversubscribe",
+    "B": "extra-node-info",
+    "F": "nodefile",
+    "H": "hold",
+    "L": "licenses",
+    "M": "clusters",
+    "O": "overcommit",
+    "S": "core-spec",
+    "W": "wait",
+}
 
 
 def sbatch_option(key: Any) -> str:
@@ -162,6 +180,7 @@ def check_sbatch_extra(sbatch: Mapping[str, Any]) -> None:
     for key in sbatch:
         option = sbatch_option(key)
         if option not in MANAGED_SBATCH:
+            check_long_name(key, option, sbatch[key])
             continue
         home = MANAGED_SBATCH[option]
         fix = f"set {home} instead" if home else "remove it; logs go to the run dir and requeues are swiftslurm's"
@@ -171,6 +190,18 @@ def check_sbatch_extra(sbatch: Mapping[str, Any]) -> None:
             f"cluster.sbatch.{key} duplicates #SBATCH --{option}, which swiftslurm writes itself"
             f"{f' from {home}' if home else ''}. HINT: {fix}."
         )
+
+
+def check_long_name(key: Any, option: str, value: Any) -> None:
+    """A one-letter key would be written `--w=...`, which sbatch refuses: name its long option instead."""
+    if len(option) != 1:
+        return
+    long_name = SBATCH_LONG_NAMES.get(option)
+    fix = f"cluster.sbatch.{long_name}={value}" if long_name else "the option's long name (`man sbatch`)"
+    raise ConfigError(
+        f"cluster.sbatch.{key} is sbatch's one-letter -{option}, which would be written as `#SBATCH --{option}=...`"
+        f" and refused by sbatch. HINT: write {fix}."
+    )
 
 
 def check_env_names(env: Mapping[str, Any]) -> None:
@@ -506,8 +537,8 @@ def check_slurm_required(cfg: Config) -> None:
         )
 
 
-# cluster.sbatch's spellings of sbatch's --nodelist (cluster.exclude owns --exclude: MANAGED_SBATCH)
-NODELIST = ("nodelist", "w")
+# cluster.sbatch's spelling of --nodelist (cluster.exclude owns --exclude; a one-letter -w is refused)
+NODELIST = ("nodelist",)
 
 
 def check_host_lists(cluster: ClusterConfig) -> None:
