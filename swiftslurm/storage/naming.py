@@ -23,10 +23,11 @@ def bucket_refusal(bucket: str) -> str | None:
     """Why ``bucket`` cannot be an S3 bucket's name, or None."""
     if "/" in bucket or ":" in bucket:
         name, _, prefix = bucket.split("://", 1)[-1].partition("/")
-        fix = f"storage.bucket={name}" + (f" storage.prefix={prefix.strip('/')}" if prefix.strip("/") else "")
+        fix = f"storage.bucket={name if _bucket_ok(name) else EXAMPLE_BUCKET}"
+        fix += f" storage.prefix={prefix.strip('/')}" if prefix.strip("/") else " (a key prefix goes in storage.prefix)"
         return (
             f"storage.bucket={bucket!r} is not a bucket name. HINT: give the name only and the key prefix apart: "
-            f"{fix} (the server's URL goes in storage.endpoint_url)."
+            f"{fix}; the server's URL goes in storage.endpoint_url."
         )
     if _bucket_ok(bucket):
         return None
