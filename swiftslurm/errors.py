@@ -91,7 +91,9 @@ class UnreadableJson(SwiftSlurmError):
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """' Did you mean `x`?' for the closest valid name, or '' when nothing is close."""
-    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    valid = list(valid)
+    same_letters = [v for v in valid if v.lower() == name.lower()]
+    close = same_letters or difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     return f" Did you mean `{close[0]}`?" if close else ""
 
 

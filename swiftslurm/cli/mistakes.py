@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 import re
 import typing
 from collections.abc import Iterator, Sequence
@@ -66,13 +67,49 @@ def _leaves(cls: Any = Config, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield f"{prefix}{name}", tp
 
 
+# Other tools' words for swiftslurm's settings (SLURM's, other launchers', ms-swift's short forms): a close spelling
+# of these would point at an unrelated setting (`cluster.queue` -> `cluster.exclude`).
+ALIASES = {
+    "queue": "cluster.partition",
+    "partitions": "cluster.partition",
+    "walltime": "cluster.time",
+    "time_limit": "cluster.time",
+    "features": "cluster.constraint",
+    "gres": "cluster.gpus_per_node",
+    "num_gpus": "cluster.gpus_per_node",
+    "ngpus": "cluster.gpus_per_node",
+    "nproc_per_node": "cluster.gpus_per_node",
+    "num_nodes": "cluster.nodes",
+    "nnodes": "cluster.nodes",
+    "ntasks": "cluster.gpus_per_node",
+    "url": "storage.endpoint_url",
+    "endpoint": "storage.endpoint_url",
+    "s3_endpoint": "storage.endpoint_url",
+    "path": "model.id",
+    "model_path": "model.id",
+    "model_id": "model.id",
+    "name_or_path": "model.id",
+    "model_name_or_path": "model.id",
+    "output_dir": "run_dir",
+    "zero_stage": "strategy.deepspeed",
+    "lr": "swift.learning_rate",
+    "epochs": "swift.num_train_epochs",
+    "num_epochs": "swift.num_train_epochs",
+    "level": "cluster.nccl.debug",
+    "nccl_debug": "cluster.nccl.debug",
+}
+
+
 def suggest_key(key: str) -> str | None:
-    """The setting a mistyped key most likely meant: the same last word elsewhere (`nodes` -> `cluster.nodes`,
-    `learning_rate` -> `swift.learning_rate`), a close spelling, or a setting the last word begins."""
+    """The setting a mistyped key most likely meant: another tool's word for it (`queue` -> `cluster.partition`),
+    the same last word elsewhere (`nodes` -> `cluster.nodes`, `learning_rate` -> `swift.learning_rate`), a close
+    spelling, or a setting the last word begins."""
     from swiftslurm.planning import swift_args
 
     leaves = [k for k, _ in _leaves()]
     last = key.rsplit(".", 1)[-1]
+    if (alias := ALIASES.get(last.lower().replace("-", "_"))) is not None:
+        return alias
     same_word = [k for k in leaves if k.rsplit(".", 1)[-1] == last and k != key]
     if same_word:
         return same_word[0]
@@ -80,9 +117,11 @@ def suggest_key(key: str) -> str | None:
     longer = [k for k in leaves if k.rsplit(".", 1)[-1].startswith(last) and k.startswith(parent)]
     if longer and len(last) > 2:
         return longer[0]
-    close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.7)
+    # A close spelling of the last word among its siblings: the shared `cluster.` makes any two keys look alike.
+    siblings = {k.rsplit(".", 1)[-1]: k for k in leaves if k.startswith(parent) and "." not in k[len(parent) :]}
+    close = difflib.get_close_matches(last, list(siblings), n=1, cutoff=0.7)
     if close:
-        return close[0]
+        return siblings[close[0]]
     if last in swift_args.valid_args("swift sft") or last in swift_args.valid_args("megatron sft"):
         return f"swift.{last}"
     return None
@@ -174,19 +213,52 @@ def flag_message(arg: str) -> str:
     return f"{arg} is not an option: {_SETTINGS}. Did you mean `{target}={value}`?"
 
 
-def _missing_config(err: Any) -> str:
-    found = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
+# What the refusal of an empty group choice (`model=`) proposes: the embedded default's choices (conf/config.yaml).
+DEFAULT_CHOICE = {"model": "tiny", "strategy": "ddp", "task": "sft", "storage": "none", "cluster": "local-slurm"}
+
+
+def _missing_config(err: Any, overrides: Sequence[str]) -> str:
+    found = re.search(r"Could not find '([^']+)/([^'/]*)'", str(err))
     if not found:
         return _first_line(err)
     group, name = found.groups()
     options = list(err.options or []) or sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    if not name:
+        typed = "+" if f"+{group}=" in overrides else ""
+        example = DEFAULT_CHOICE.get(group, options[0] if options else "NAME")
+        return f"{typed}{group}= names no {group}. HINT: choose one, e.g. {typed}{group}={example}. {one_of(options)}"
     return f"{group}={name} is not known.{did_you_mean(name, options)} {one_of(options)}"
 
 
 def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
     key = str(err.full_key or "")
     given = _override_for(key, overrides)
-    return f"{given} is not {_kind(key)}. HINT: give {key} {_kind(key)}."
+    value = given.split("=", 1)[1] if "=" in given else ""
+    kind = _kind(key)
+    if kind == "a string" and value.startswith("["):  # Hydra read a list: brackets and commas need quotes
+        inner = value.strip("[]")
+        text = ",".join(p.strip() for p in inner.split(",")) if key == "cluster.partition" else value
+        return f"{given}: Hydra reads [...] as a list, and {key} is a string. HINT: quote it: '{key}=\"{text}\"'."
+    if kind.startswith("a list") and value and not value.startswith("["):
+        items = [os.path.abspath(v) if v.startswith(("./", "../")) else v for v in value.split(",")]
+        return f"{given} is not a list. HINT: write it in brackets: {key}=[{','.join(items)}]."
+    example = _default_of(key)
+    shown = (
+        f", e.g. {key}={str(example).lower() if isinstance(example, bool) else example}" if example is not None else ""
+    )
+    return f"{given} is not {kind}. HINT: give {key} {kind}{shown}."
+
+
+def _default_of(key: str) -> bool | int | float | None:
+    """The schema's default of a number or switch setting (what the embedded configuration plans with)."""
+    *parents, name = key.split(".")
+    schema = _schema_at(parents) if parents else Config
+    if schema is None:
+        return None
+    for f in dataclasses.fields(schema):
+        if f.name == name and isinstance(f.default, (bool, int, float)):
+            return f.default
+    return None
 
 
 def interpolation_message(err: InterpolationResolutionError) -> str:
@@ -233,9 +305,11 @@ def _composition(err: Exception, overrides: Sequence[str]) -> str:
     ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", text)
     if ambiguous:
         given = ambiguous.group(1).lstrip("+")
+        key, _, value = given.partition("=")
+        quoted = ",".join(v.strip() for v in value.split(",")) or "a,b"
         return (
             f"{given} has several values. HINT: to sweep over them, add -m (python -m swiftslurm -m {given}); "
-            f"a list is written [a,b]; a string with commas is quoted: '{given.split('=')[0]}=\"a,b\"'."
+            f"a list is written [a,b]; a string with commas is quoted: '{key}=\"{quoted}\"'."
         )
     return _first_line(err)
 
@@ -253,12 +327,9 @@ def hydra_error_message(err: Exception, overrides: Sequence[str]) -> str:
         err.override = _as_typed(err.override, overrides)
         if "missing EQUAL" in err.message:
             return f"`{err.override}` is not KEY=VALUE: {_SETTINGS}. HINT: e.g. {err.override}=true."
-        return (
-            f"cannot read `{err.override}` ({err.message.splitlines()[0]}). HINT: close every bracket and "
-            "quote values with spaces, commas or brackets: 'key=\"a, b\"'."
-        )
+        return f"cannot read `{err.override}` ({err.message.splitlines()[0]}). HINT: {_quote_hint(err.override)}."
     if isinstance(err, MissingConfigException):
-        return _missing_config(err)
+        return _missing_config(err, overrides)
     if isinstance(err, InterpolationResolutionError):
         return interpolation_message(err)
     if isinstance(err, ValidationError):
@@ -266,6 +337,24 @@ def hydra_error_message(err: Exception, overrides: Sequence[str]) -> str:
     if isinstance(err, OmegaConfBaseException):
         return f"{err.full_key}: {_first_line(err)}."
     return _composition(err, overrides)
+
+
+def _quote_hint(override: str) -> str:
+    """What to type instead of an override Hydra's grammar cannot read: the value quoted (a list item by item),
+    with `~` expanded, which neither Hydra nor ms-swift does."""
+    key, _, value = override.partition("=")
+    generic = "close every bracket and quote values with spaces, commas or brackets: 'key=\"a, b\"'"
+    if not value or value.count("[") != value.count("]") or '"' in value or "'" in value:
+        return generic
+    if value.startswith("[") and value.endswith("]"):
+        items = [os.path.expanduser(i.strip()) for i in value[1:-1].split(",") if i.strip()]
+        quoted = ", ".join(f'"{i}"' for i in items)
+        proposal = f"'{key}=[{quoted}]'"
+    else:
+        proposal = f"'{key}=\"{os.path.expanduser(value)}\"'"
+    if "~" in value:
+        return f"`~` is not expanded here; give the absolute path: {proposal}"
+    return f"quote the value: {proposal}"
 
 
 def to_config(cfg: DictConfig) -> Config:

@@ -76,7 +76,7 @@ class NcclConfig:
     async_error_handling: bool = doc(
         True, "Abort the process on a NCCL error or timeout (`TORCH_NCCL_ASYNC_ERROR_HANDLING=1`)."
     )
-    debug: str = doc("WARN", "`NCCL_DEBUG` level: WARN, INFO, TRACE.")
+    debug: str = doc("WARN", "`NCCL_DEBUG` level: VERSION, WARN, INFO, ABORT or TRACE (NCCL reads any case).")
 
 
 @dataclass
@@ -96,10 +96,12 @@ class ClusterConfig:
     )
     cpus_per_task: int | None = doc(None, "CPU cores per node for the job (`--cpus-per-task`); null = SLURM default.")
     mem_gb: int | None = doc(None, "Memory per node, in GiB (`--mem`); null = SLURM default.")
-    partition: str | None = doc(None, "SLURM partition (`--partition`). Required on SLURM clusters.")
-    account: str | None = doc(None, "SLURM account (`--account`).")
-    qos: str | None = doc(None, "SLURM QOS (`--qos`).")
-    constraint: str | None = doc(None, "SLURM node features (`--constraint`).")
+    partition: str | None = doc(
+        None, "SLURM partition (`--partition`), or several separated by commas. Required on SLURM clusters."
+    )
+    account: str | None = doc(None, "SLURM account (`--account`): one name.")
+    qos: str | None = doc(None, "SLURM QOS (`--qos`): one name.")
+    constraint: str | None = doc(None, "SLURM node features (`--constraint`), e.g. `a100&ib`, `[rack1|rack2]`.")
     exclude: str | None = doc(
         None, "Nodes never to use (`--exclude`): a SLURM host list such as `node[01-04,7]`, checked before submission."
     )
@@ -150,8 +152,12 @@ class StorageConfig:
     Credentials come from boto3's chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance role)."""
 
     kind: str = doc("none", "`none` or `s3`.")
-    bucket: str | None = doc(None, "Bucket name (must exist).")
-    prefix: str | None = doc(None, "Key prefix of this run's checkpoints; null = `swiftslurm/{run_name}`.")
+    bucket: str | None = doc(None, "Bucket name (must exist; S3's rules: 3-63 lowercase letters, digits, `.`, `-`).")
+    prefix: str | None = doc(
+        None,
+        "Key prefix of this run's checkpoints, e.g. `team/runs` (no leading `/`, `//` or `..`); "
+        "null = `swiftslurm/{run_name}`.",
+    )
     endpoint_url: str | None = doc(
         None, "S3 endpoint for non-AWS stores (MinIO, Ceph RGW, OSS), e.g. `http://s3:8333`."
     )

@@ -327,6 +327,7 @@ def _slurm_spec(cfg: Config, run_name: str, topo: Topology) -> SlurmSpec:
     validate.check_signal_lead(cluster.signal_lead_s, time_min)
     validate.check_slurm_required(cfg)
     validate.check_host_lists(cluster)
+    validate.check_slurm_strings(cfg, run_name)
     gpus = None
     if topo.gpus_per_node:
         gpus = f"{cluster.gpu_type}:{topo.gpus_per_node}" if cluster.gpu_type else str(topo.gpus_per_node)

@@ -8,6 +8,7 @@ deprecated spellings of PyTorch's variables, are refused or warned of here, wher
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -81,9 +82,53 @@ NCCL_VARIABLES = frozenset(
 )
 
 
+# What NCCL reads in NCCL_DEBUG and NCCL_DEBUG_SUBSYS (src/debug.cc; any case). An unknown level or subsystem
+# is ignored without a word: the run would log nothing, or not what was asked.
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "ABORT", "TRACE")
+NCCL_DEBUG_SUBSYSTEMS = (
+    *("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "ALLOC_HOST", "CALL", "PROXY"),
+    *("NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "DESTROY", "ALL"),
+)
+
+
+def check_nccl_debug(level: str, env: Mapping[str, object]) -> None:
+    """cluster.nccl.debug must be a level NCCL reads; cluster.env.NCCL_DEBUG_SUBSYS a list of its subsystems."""
+    if str(level).upper() not in NCCL_DEBUG_LEVELS:
+        close = difflib.get_close_matches(str(level).upper(), NCCL_DEBUG_LEVELS, n=1, cutoff=0.6)
+        fix = f"cluster.nccl.debug={close[0]}" if close else "cluster.nccl.debug=INFO for details, WARN for errors only"
+        raise ConfigError(
+            f"cluster.nccl.debug={level!r} is not a level NCCL reads (it would log nothing; it reads "
+            f"{', '.join(NCCL_DEBUG_LEVELS)}). HINT: {fix}."
+        )
+    if "NCCL_DEBUG_SUBSYS" not in env:
+        return
+    given = str(env["NCCL_DEBUG_SUBSYS"])
+    invert = "^" if given.startswith("^") else ""
+    names = given.removeprefix("^").split(",")
+    unknown = [n for n in names if n.strip().upper() not in NCCL_DEBUG_SUBSYSTEMS]
+    if not unknown:
+        return
+    kept = [_closest_subsystem(n) for n in names]
+    fixed = invert + ",".join(dict.fromkeys(k for k in kept if k))
+    fix = f"'cluster.env.NCCL_DEBUG_SUBSYS=\"{fixed}\"'" if fixed.strip("^") else "remove cluster.env.NCCL_DEBUG_SUBSYS"
+    raise ConfigError(
+        f"cluster.env.NCCL_DEBUG_SUBSYS={given!r}: {', '.join(map(repr, unknown))} is not a subsystem NCCL reads "
+        f"(comma-separated, ^ first to exclude; e.g. INIT,NET,COLL). HINT: {fix}."
+    )
+
+
+def _closest_subsystem(name: str) -> str | None:
+    word = name.strip().upper()
+    if word in NCCL_DEBUG_SUBSYSTEMS:
+        return word
+    close = difflib.get_close_matches(word, NCCL_DEBUG_SUBSYSTEMS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def node_env(cfg: Config) -> dict[str, str]:
     """plan.env: the NCCL settings, the tiny model's offline switches and `cluster.env` (checked first)."""
     check_env(cfg.cluster.env)
+    check_nccl_debug(cfg.cluster.nccl.debug, cfg.cluster.env)
     nccl = cfg.cluster.nccl
     env = {
         "NCCL_IB_DISABLE": "0" if nccl.ib else "1",

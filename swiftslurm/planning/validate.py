@@ -18,6 +18,7 @@ from swiftslurm.plan import BACKGROUND_PRIORITIES
 from swiftslurm.planning import hardware, memory_plan, swift_rules
 from swiftslurm.slurm import parse_time
 from swiftslurm.slurm_env import HOSTLIST_FORM, hostlist_problem, repaired_hostlist
+from swiftslurm.storage import naming
 from swiftslurm.tiny import DATASETS as TINY_DATASETS
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ SCHEDULERS = ("local", "slurm")
 VLLM_MODES = ("colocate", "server")
 MAX_PORT = 65535
 S3_MIN_PART_MB = 5  # S3's smallest multipart part (every part but the last)
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
@@ -282,16 +282,13 @@ def _check_storage(cfg: Config) -> None:
             "HINT: set storage.part_size_mb=16 (8-16 survive flaky links)."
         )
     check_not_negative("storage.wait_at_exit_s", storage.wait_at_exit_s)
-    if storage.bucket and not _BUCKET.match(storage.bucket):
-        raise ConfigError(
-            f"storage.bucket={storage.bucket!r} is not a bucket name. HINT: give the name only (storage.bucket=NAME),"
-            " the key prefix in storage.prefix=PATH and the server in storage.endpoint_url=URL."
-        )
-    if storage.endpoint_url and not storage.endpoint_url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"storage.endpoint_url={storage.endpoint_url!r} has no scheme. HINT: write it as a URL, e.g. "
-            f"storage.endpoint_url=http://{storage.endpoint_url}."
-        )
+    why = (
+        (storage.bucket and naming.bucket_refusal(storage.bucket))
+        or (storage.endpoint_url and naming.endpoint_refusal(storage.endpoint_url))
+        or (storage.prefix and naming.prefix_refusal(storage.prefix))
+    )
+    if why:
+        raise ConfigError(why)
     check_positive("storage.max_attempts", storage.max_attempts)
     check_positive("storage.max_concurrency", storage.max_concurrency)
     if storage.keep < 0:
@@ -524,9 +521,10 @@ def parse_slurm_time(text: str) -> int:
 
 def check_signal_lead(lead_s: int, time_min: int) -> None:
     if lead_s < 1 or (time_min != NO_TIME_LIMIT and lead_s >= time_min * 60):
+        fits = 120 if time_min == NO_TIME_LIMIT else max(1, min(120, time_min * 60 // 2))
         raise ConfigError(
             f"cluster.signal_lead_s={lead_s} must be between 1 and the time limit ({time_min * 60} s). "
-            "HINT: the default 120 leaves room to save; lower it for very short test limits."
+            f"HINT: set cluster.signal_lead_s={fits} (the default 120 leaves room to save), or a longer cluster.time."
         )
 
 
@@ -553,6 +551,106 @@ def check_host_lists(cluster: ClusterConfig) -> None:
         example = f"'{field}=\"{fix or 'node[01-04,7]'}\"'"
         hint = example if fix else f"write {HOSTLIST_FORM}, e.g. {example}, or leave {field} out"
         raise ConfigError(f"{field}={str(value)!r} is not a SLURM host list: {problem}. HINT: {hint}.")
+
+
+# A SLURM name (partition, account, QOS, GPU type): what slurm.conf and sacctmgr accept without quoting.
+_SLURM_NAME = re.compile(r"^[\w.+-]+$", re.ASCII)
+_FEATURE_OPERATORS = re.compile(r"[&|,]")
+
+
+def check_slurm_strings(cfg: Config, run_name: str) -> None:
+    """Strings bound for `#SBATCH` lines, checked in SLURM's grammar and named by the setting behind them:
+    a partition list (comma-separated), one account, one QOS, a constraint expression, a GPU type."""
+    cluster = cfg.cluster
+    bound = [
+        ("run_name", run_name),
+        *((f"cluster.{name}", getattr(cluster, name)) for name in ("partition", "account", "qos", "constraint")),
+        *((f"cluster.sbatch.{key}", value) for key, value in cluster.sbatch.items()),
+    ]
+    for field, value in bound:
+        if value is not None and any(c in str(value) for c in '"\n\r'):
+            raise ConfigError(
+                f"{field}={str(value)!r} contains a double quote or newline, which an #SBATCH line cannot carry. "
+                "HINT: choose a value without them."
+            )
+    if cluster.partition:
+        _check_partitions(cluster.partition)
+    for name in ("account", "qos"):
+        _check_one_name(f"cluster.{name}", getattr(cluster, name))
+    _check_one_name("cluster.gpu_type", cluster.gpu_type)
+    if cluster.constraint is not None:
+        _check_constraint(cluster.constraint)
+
+
+def quoted_override(field: str, value: str) -> str:
+    """How to type ``field=value`` in a shell so that Hydra reads one string (commas, brackets, `&`)."""
+    return f"'{field}=\"{value}\"'" if re.search(r"[^\w./:@+-]", value) else f"{field}={value}"
+
+
+def _check_partitions(partition: str) -> None:
+    """`--partition` takes one name or a comma-separated list of names (the job runs in the first that can)."""
+    names = [p for p in re.split(r"[\s,]+", partition) if p]
+    fix = quoted_override("cluster.partition", ",".join(names))
+    if not names:
+        raise ConfigError(
+            f"cluster.partition={partition!r} names no partition. HINT: set cluster.partition=NAME (`sinfo -s`)."
+        )
+    if any(c.isspace() for c in partition):
+        raise ConfigError(
+            f"cluster.partition={partition!r} contains a space: SLURM separates partitions by commas. HINT: {fix}."
+        )
+    if names != partition.split(","):
+        raise ConfigError(f"cluster.partition={partition!r} has an empty name in its list. HINT: {fix}.")
+    for name in names:
+        if not _SLURM_NAME.match(name):
+            raise ConfigError(
+                f"cluster.partition={partition!r}: {name!r} is not a partition name (letters, digits, `._+-`). "
+                "HINT: set cluster.partition to a name `sinfo -s` lists, e.g. cluster.partition=gpu."
+            )
+
+
+def _check_one_name(field: str, value: str | None) -> None:
+    """An account, a QOS, a GPU type: one name each (sbatch takes no list there)."""
+    if value is None or _SLURM_NAME.match(value):
+        return
+    words = [w for w in re.split(r"[^\w.+-]+", value, flags=re.ASCII) if w]
+    several = len(words) > 1
+    what = "several names" if several else "characters a SLURM name has not"
+    fix = f"{field}={words[0]}" if words else f"{field}=NAME"
+    listing = {
+        "cluster.account": " (`sacctmgr show assoc user=$USER` lists yours)",
+        "cluster.qos": " (`sacctmgr show qos`)",
+    }
+    raise ConfigError(
+        f"{field}={value!r} holds {what}: sbatch takes one (letters, digits, `._+-`). "
+        f"HINT: {fix}{listing.get(field, '')}."
+    )
+
+
+def _check_constraint(constraint: str) -> None:
+    """SLURM's feature expression: names joined by `&` (and), `|` (or), grouped by () or [] (matching or),
+    each name with an optional `*count`; no spaces, no empty operand, brackets closed."""
+    if (problem := _constraint_problem(constraint)) is None:
+        return
+    fixed = re.sub(r"([&|,])[&|,]+", r"\1", re.sub(r"\s+", "&", constraint.strip())).strip("&|,")
+    fixed += "]" * (fixed.count("[") - fixed.count("]")) + ")" * (fixed.count("(") - fixed.count(")"))
+    fix = quoted_override("cluster.constraint", fixed) if _constraint_problem(fixed) is None else None
+    raise ConfigError(
+        f"cluster.constraint={constraint!r} {problem}: SLURM joins features with & (and) or | (or). "
+        f"HINT: {fix or 'leave cluster.constraint out, or write it as `sinfo -o %f` lists the features'}."
+    )
+
+
+def _constraint_problem(constraint: str) -> str | None:
+    if not constraint.strip():
+        return "is empty"
+    if any(c.isspace() for c in constraint):
+        return "contains a space"
+    if constraint.count("(") != constraint.count(")") or constraint.count("[") != constraint.count("]"):
+        return "has an unclosed bracket"
+    if any(not part for part in _FEATURE_OPERATORS.split(re.sub(r"[()\[\]]", "", constraint))):
+        return "has an operator without a feature on one side"
+    return None
 
 
 def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: BatchPlan, args: Mapping[str, Any]) -> None:

@@ -137,9 +137,11 @@ def check_cluster(plan: JobPlan) -> None:
     if plan.slurm is None:
         return
     partitions = slurm_cli.partitions()
-    if plan.slurm.partition not in partitions:
+    # A comma-separated list is legitimate (the job starts in the first that can run it): each must exist.
+    missing = [p for p in (plan.slurm.partition or "").split(",") if p not in partitions]
+    if missing:
         raise SubmitError(
-            f"Partition {plan.slurm.partition!r} does not exist on this cluster. "
+            f"Partition {missing[0]!r} does not exist on this cluster. "
             f"HINT: set cluster.partition to one of: {', '.join(sorted(partitions)) or '(none found)'}."
         )
 

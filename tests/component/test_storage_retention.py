@@ -76,7 +76,7 @@ def test_the_newest_commit_reaches_the_store_and_nothing_pending_is_pruned(
 
 def test_with_storage_the_trainer_leaves_retention_to_the_wrapper() -> None:
     local = plan_for("run_dir=/scratch/run", "keep_checkpoints=2")
-    synced = plan_for("run_dir=/scratch/run", "keep_checkpoints=2", "storage=s3", "storage.bucket=b")
+    synced = plan_for("run_dir=/scratch/run", "keep_checkpoints=2", "storage=s3", "storage.bucket=ckpt")
     assert (trainer_keep(local), trainer_keep(synced)) == (2, 0)
 
 

@@ -157,6 +157,31 @@ def test_legitimate_values_are_accepted_and_reach_the_run_dir_intact(
     assert shlex.split(display_command(command).replace("\\\n", " ")) == command
 
 
+FIXED = [case for case in CORPUS["refused"] if "fix" in case]
+
+
+@pytest.mark.parametrize("case", FIXED, ids=case_id)
+def test_the_fix_a_hint_proposes_is_accepted(
+    case: dict[str, Any], workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused case's `fix` (the argv its HINT proposes) plans, and the message proposes each of its words
+    the case's own argv lacks: a HINT never proposes a value that would itself be refused."""
+    code, output = run_in_process(prepare(case, workdir, monkeypatch), capsys, monkeypatch)
+    assert code == 2, output
+    fixed = prepare({**case, "args": case["fix"]}, workdir, monkeypatch)
+    given = split(case["args"])
+    new = [arg for arg in split(case["fix"]) if arg not in given]
+
+    def proposed(arg: str) -> bool:  # the value itself, or the right key for the user's own value
+        key, _, value = arg.partition("=")
+        return arg.lower() in output.lower() or (key in output and any(a.endswith(f"={value}") for a in given))
+
+    unproposed = [arg for arg in new if not proposed(arg)]
+    assert not unproposed, f"the HINT does not propose {unproposed}:\n{output}"
+    code, output = run_in_process(fixed, capsys, monkeypatch)
+    assert code == 0, f"the proposed fix {case['fix']!r} is refused:\n{output}"
+
+
 def test_unlimited_time_reaches_sbatch_through_submitit_too(tmp_path: Path) -> None:
     """job.sbatch says --time=UNLIMITED; the script submitit writes for the same plan must say it too."""
     plan = plan_for("+cluster=local-slurm", "cluster.time=UNLIMITED", f"run_dir={tmp_path / 'run'}")

@@ -55,7 +55,7 @@ def test_identity_is_what_is_trained_not_how_or_where_it_runs(tmp_path: Path) ->
     same = [
         a_plan(tmp_path / "elsewhere"),  # the output dir inside the run dir is in swift_argv
         a_plan(tmp_path / "a", "cluster.time=2:00:00", "cluster.nccl.timeout_s=60", "keep_checkpoints=2"),
-        a_plan(tmp_path / "a", "storage=s3", "storage.bucket=b", "storage.prefix=other/place"),
+        a_plan(tmp_path / "a", "storage=s3", "storage.bucket=ckpt", "storage.prefix=other/place"),
     ]
     other = [
         a_plan(tmp_path / "a", "swift.learning_rate=0.01"),

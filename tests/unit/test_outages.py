@@ -53,7 +53,7 @@ def storage_plan(run_dir: Path, *overrides: str) -> JobPlan:
         f"swift.max_steps={LAST_STEP}",
         "swift.save_steps=10",
         "storage=s3",
-        "storage.bucket=b",
+        "storage.bucket=ckpt",
         "storage.prefix=run",
         "storage.endpoint_url=http://s3.test:8333",
         "storage.wait_at_exit_s=0",  # the end of an attempt does not wait for uploads the outage fails

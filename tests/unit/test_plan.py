@@ -131,10 +131,10 @@ def test_plan_round_trips_through_json() -> None:
         (["cluster.nodes=2"], "local executor runs on this machine only"),
         (["run_name=a/b"], "single path component"),
         (["storage=s3"], "storage.bucket=NAME"),
-        (["storage=s3", "storage.bucket=b", "storage.addressing_style=dns"], "Valid values are: auto, path"),
+        (["storage=s3", "storage.bucket=ckpt", "storage.addressing_style=dns"], "Valid values are: auto, path"),
         (["+cluster=local-slurm", "cluster.signal_lead_s=5000"], "signal_lead_s"),
         (["+cluster.env.AWS_SECRET_ACCESS_KEY=x"], "never put it in the config"),
-        (["storage=s3", "storage.bucket=b", "storage.keep=-1"], "storage.keep=-1"),
+        (["storage=s3", "storage.bucket=ckpt", "storage.keep=-1"], "storage.keep=-1"),
     ],
 )
 def test_bad_input_is_refused_with_a_message_that_names_the_fix(overrides: list[str], message: str) -> None:

@@ -32,7 +32,7 @@ SECRET = "s3cr3t-v4lue-9f2c"  # distinctive, so a test can prove it shows up now
         ([f"+swift.swanlab_secret={SECRET}"], "swift.swanlab_secret"),
         ([f"+model.swift.hub_token={SECRET}"], "model.swift.hub_token"),
         (
-            ["storage=s3", "storage.bucket=b", f"storage.endpoint_url=http://AKIA:{SECRET}@s3:8333"],
+            ["storage=s3", "storage.bucket=ckpt", f"storage.endpoint_url=http://AKIA:{SECRET}@s3:8333"],
             "storage.endpoint_url",
         ),
         ([f"+swift.vllm_server_base_url=[http://user:{SECRET}@rollout:8000]"], "swift.vllm_server_base_url[0]"),
@@ -54,7 +54,7 @@ def test_a_credential_anywhere_in_the_config_is_refused_naming_the_field_and_the
 
 def test_the_storage_hint_points_at_the_credential_chain() -> None:
     with pytest.raises(ConfigError, match="boto3's chain"):
-        plan_for("storage=s3", "storage.bucket=b", f"storage.endpoint_url=http://k:{SECRET}@s3:8333")
+        plan_for("storage=s3", "storage.bucket=ckpt", f"storage.endpoint_url=http://k:{SECRET}@s3:8333")
 
 
 def test_the_hint_says_to_export_it_in_the_submitting_shell() -> None:
@@ -71,7 +71,7 @@ def test_the_hint_says_to_export_it_in_the_submitting_shell() -> None:
         ["+cluster.env.GOOGLE_APPLICATION_CREDENTIALS=/home/me/key.json"],
         ["+cluster.env.WANDB_API_KEY="],
         ["swift.max_new_tokens=64", "swift.report_to=[wandb]"],
-        ["storage=s3", "storage.bucket=b", "storage.endpoint_url=http://s3:8333"],
+        ["storage=s3", "storage.bucket=ckpt", "storage.endpoint_url=http://s3:8333"],
         ["cluster.setup=['export HF_HOME=/shared/hf', 'source ~/.secrets/env']"],
     ],
 )
