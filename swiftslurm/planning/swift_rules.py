@@ -10,6 +10,7 @@ divisibility, GRPO's generation groups) belong to the engine adapters (`Engine.l
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -134,7 +135,7 @@ def _config_file(field: str, value: str, presets: tuple[str, ...]) -> str | None
         )
     path = Path(value)
     top = Path(*path.parts[:2])
-    if top != path and top.exists() and not path.is_file():
+    if top != path and os.path.exists(top) and not os.path.isfile(path):  # os.path: False for a name too long
         return f"{field}={value!r} does not exist. HINT: fix the path, or use a preset ({', '.join(presets)})."
     return None
 

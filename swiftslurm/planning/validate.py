@@ -6,6 +6,7 @@ Each check raises ConfigError with one message that names the value, the conflic
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -383,13 +384,15 @@ def check_paths(cfg: Config, topology: Topology, cwd: Path) -> None:
                 _check_model_dir(value, Path(path))
         elif field == "cluster.python" and "/" not in path:
             continue  # a command found on the nodes' PATH
-        elif not _is_hub_id(value) or (cwd / path).exists():
+        elif not _is_hub_id(value) or os.path.exists(cwd / path):
             raise ConfigError(_relative_path_message(field, value, path, topology.nodes, cwd))
 
 
+# Paths are probed with os.path's predicates, not Path's: they answer False for a path the system cannot look
+# up (a name over 255 bytes, a NUL byte), where Path.exists raises.
 def _check_exists(field: str, value: str, path: Path) -> None:
     top = Path(*path.parts[:2])
-    if top != path and top.exists() and not path.exists():
+    if top != path and os.path.exists(top) and not os.path.exists(path):
         raise ConfigError(
             f"{field}={value!r} does not exist ({top} is visible here, so the nodes would not find it either). "
             f"HINT: fix the path, or create {path.name} first."
@@ -399,8 +402,8 @@ def _check_exists(field: str, value: str, path: Path) -> None:
 def _check_model_dir(value: str, path: Path) -> None:
     """A local model is a folder with config.json (what transformers and Megatron load); seen from here only
     when its filesystem is mounted here."""
-    if path.is_file() or (path.is_dir() and not (path / "config.json").is_file()):
-        what = "is a file" if path.is_file() else "has no config.json"
+    if os.path.isfile(path) or (os.path.isdir(path) and not os.path.isfile(path / "config.json")):
+        what = "is a file" if os.path.isfile(path) else "has no config.json"
         raise ConfigError(
             f"model.id={value!r} {what}: a local model is a Hugging Face model folder (config.json, weights, "
             "tokenizer). HINT: point model.id at that folder, e.g. the one `swift export` or a download wrote."
@@ -409,8 +412,8 @@ def _check_model_dir(value: str, path: Path) -> None:
 
 def _relative_path_message(field: str, value: str, path: str, nodes: int, cwd: Path) -> str:
     where = "ms-swift runs in the run directory" if nodes == 1 else "nodes may not share this working directory"
-    absolute = (cwd / path).resolve()
-    example = f"{absolute}" if absolute.exists() else "/shared/path/to/it"
+    absolute = os.path.normpath(cwd / path)
+    example = absolute if os.path.exists(absolute) else "/shared/path/to/it"
     shown = f"[{example}]" if field == "dataset" else example
     return (
         f"{field}={value!r} is a relative path on a {nodes}-node run; {where}, not {cwd}. "

@@ -366,6 +366,8 @@ ONCE_ESCAPED = [
     ("recipe=a100x16-qwen3moe-megatron-ep", "model.id", HOSTILE["long"][1]),  # a name too long for the OS
     ("default", "model.id", "'a\x00b'"),  # a NUL byte: not a path
     ("default", "dataset", "['x/../" + "y" * 300 + "']"),
+    ("model=qwen3-8b", "model.id", "/tmp/" + "y" * 300),
+    ("strategy=zero3", "strategy.deepspeed", "/tmp/" + "y" * 300 + ".json"),
     ("default", "resilience.backoff_base_s", "9" * 400),  # beyond a float, in a float field
     ("model=qwen3-vl-8b-instruct", "storage.wait_at_exit_s", "9" * 400),
     ("storage=s3", "model.swift.max_length", "9" * 400),  # beyond a float, in a range-checked ms-swift argument
