@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from swiftslurm.__main__ import hydra_main, main
-from swiftslurm.cli.mistakes import hydra_error_message
+from swiftslurm.cli.mistakes import command_line_refusal
 from swiftslurm.errors import PREFIX, report
 from swiftslurm.planning.config import Config, open_dict_overrides, register_configs
 from swiftslurm.planning.swift_args import valid_args
@@ -239,8 +239,10 @@ class Fuzzer:
         try:
             parsed = self.parser.parse_overrides(open_dict_overrides(args))
             ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
-        except (HydraException, OmegaConfBaseException) as err:
-            return report(hydra_error_message(err, [*self.base_args(base), *args]))
+        except (HydraException, OmegaConfBaseException, OverflowError) as err:  # as compose_and_run catches
+            if (message := command_line_refusal(err, [*self.base_args(base), *args])) is None:
+                raise
+            return report(message)
         hydra_main.__wrapped__(cfg)  # type: ignore[attr-defined]
         return 0
 
