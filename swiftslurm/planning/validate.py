@@ -29,6 +29,7 @@ VLLM_MODES = ("colocate", "server")
 MAX_PORT = 65535
 S3_MIN_PART_MB = 5  # S3's smallest multipart part (every part but the last)
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HOST_PORT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?(/[A-Za-z0-9._/-]*)?$")
 
 
 def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
@@ -252,9 +253,10 @@ def _check_storage(cfg: Config) -> None:
             " the key prefix in storage.prefix=PATH and the server in storage.endpoint_url=URL."
         )
     if storage.endpoint_url and not storage.endpoint_url.startswith(("http://", "https://")):
+        host = storage.endpoint_url if _HOST_PORT.match(storage.endpoint_url) else "HOST:PORT"  # the fix must parse
         raise ConfigError(
             f"storage.endpoint_url={storage.endpoint_url!r} has no scheme. HINT: write it as a URL, e.g. "
-            f"storage.endpoint_url=http://{storage.endpoint_url}."
+            f"storage.endpoint_url=http://{host}."
         )
     check_positive("storage.max_attempts", storage.max_attempts)
     check_positive("storage.max_concurrency", storage.max_concurrency)

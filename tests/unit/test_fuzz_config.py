@@ -47,7 +47,7 @@ from swiftslurm.planning.swift_args import valid_args
 from tests.conftest import CONF_DIR
 
 SEED = 27
-KINDS_PER_FIELD = 4  # of HOSTILE's kinds, chosen per field (seeded): the tier's time; SWIFTSLURM_FUZZ=all: every value
+KINDS_PER_FIELD = 3  # of HOSTILE's kinds, chosen per field (seeded): the tier's time; SWIFTSLURM_FUZZ=all: every value
 EVERYTHING = os.environ.get("SWIFTSLURM_FUZZ") == "all"
 FREE_FORM = ("swift", "env", "sbatch")  # dict fields whose keys are open-ended
 # What an option needs besides itself to plan (a hub model names its data and trains on GPUs, ...): the fuzz
@@ -262,12 +262,15 @@ HINT_SETS = re.compile(r"`?\+?([A-Za-z_][\w.-]*)=([^\s`,;)]+)`?")
 PLACEHOLDER = re.compile(r"^[A-Z_]+$|\.\.\.|^<|path/to|\$")  # NAME, ..., <x>, /path/to/it, a quoted $
 
 
-def concrete_fix(field: str, output: str) -> str | None:
-    """The `field=VALUE` the refusal's HINT gives this field, when VALUE is a value (not a placeholder)."""
+def concrete_fix(field: str, output: str) -> tuple[str, bool] | None:
+    """The `field=VALUE` the refusal's HINT gives this field (or its `swift.` spelling), when VALUE is a value (not
+    a placeholder), and whether it is only an example of the kind of value (`e.g. swift.max_length=10`)."""
+    names = {field, "swift." + field.rpartition(".swift.")[2]} if ".swift." in field else {field}
     _, _, hint = output.partition("HINT:")
-    for key, value in HINT_SETS.findall(hint):
-        if key == field and not PLACEHOLDER.search(value.rstrip(".")):
-            return f"{key}={value.rstrip('.')}"
+    for found in HINT_SETS.finditer(hint):
+        key, value = found.group(1), found.group(2).rstrip(".")
+        if key in names and not PLACEHOLDER.search(value):
+            return f"{key}={value}", hint[: found.start()].rstrip().endswith("e.g.")
     return None
 
 
@@ -310,8 +313,7 @@ def sample(fuzzer: Fuzzer) -> list[Case]:
         kinds = list(HOSTILE) if EVERYTHING else rng.sample(list(HOSTILE), KINDS_PER_FIELD)
         for values in (HOSTILE[kind] for kind in kinds):
             for value in values if EVERYTHING else [rng.choice(values)]:
-                for base in holders if EVERYTHING else [rng.choice(holders)]:
-                    cases.append(Case(base, field, value))
+                cases.append(Case(rng.choice(holders), field, value))
     return cases
 
 
@@ -347,12 +349,15 @@ def judge(fuzzer: Fuzzer, case: Case, fixes_tried: set[tuple[str, str]]) -> list
         return found
     if not names_field(case.field, outcome.output):
         found.append(f"{case}: refusal does not name {case.field}\n    {outcome.output.strip()[:600]}")
-    fix = concrete_fix(case.field, outcome.output)
-    if fix is not None and (case.base.name, fix) not in fixes_tried:
-        fixes_tried.add((case.base.name, fix))
-        fixed = fuzzer.run(case.base, fix)
-        if fixed.code != 0:
-            found.append(f"{case}: its HINT's {fix} is refused too\n    {fixed.output.strip()[:600]}")
+    given = concrete_fix(case.field, outcome.output)
+    if given is None or (case.base.name, given[0]) in fixes_tried:
+        return found
+    (fix, example), _ = given, fixes_tried.add((case.base.name, given[0]))
+    fixed = fuzzer.run(case.base, fix)
+    # A fix must plan; an example of the kind of value (ms-swift's default) must at least be one for its field:
+    # whether the default fits this plan's memory is another check's to say.
+    if fixed.code != 0 and not (example and not names_field(case.field, fixed.output)):
+        found.append(f"{case}: its HINT's {fix} is refused too\n    {fixed.output.strip()[:600]}")
     return found
 
 
@@ -363,8 +368,8 @@ def test_no_field_value_escapes_as_a_traceback(fuzzer: Fuzzer) -> None:
     assert not found, f"{len(found)} problems:\n" + "\n".join(found[:40])
 
 
-# Cases the fuzz found escaping as tracebacks (issue 27), kept whatever the sample: (base, field, value).
-ONCE_ESCAPED = [
+# Cases the fuzz found (issue 27), kept whatever the sample: (base, field, value). All but the last escaped as tracebacks.
+ONCE_FOUND = [
     ("recipe=a100x16-qwen3moe-megatron-ep", "model.id", HOSTILE["long"][1]),  # a name too long for the OS
     ("default", "model.id", "'a\x00b'"),  # a NUL byte: not a path
     ("default", "dataset", "['x/../" + "y" * 300 + "']"),
@@ -380,11 +385,12 @@ ONCE_ESCAPED = [
     ("recipe=a100-2x4-grpo-colocate", "swift.vllm_gpu_memory_utilization", "{a:1}"),
     ("recipe=a100-2x4-grpo-colocate", "swift.vllm_gpu_memory_utilization", "nan"),
     ("recipe=a100-2x4-grpo-colocate", "swift.vllm_gpu_memory_utilization", "99999999999999999999"),
+    ("storage=s3", "storage.endpoint_url", "'a\u200bb'"),  # its HINT's http://a\u200bb did not parse
 ]
 
 
-@pytest.mark.parametrize("base, field, value", ONCE_ESCAPED, ids=[f"{b} {f}={v[:20]}" for b, f, v in ONCE_ESCAPED])
-def test_inputs_that_once_escaped_are_refused_in_one_line(fuzzer: Fuzzer, base: str, field: str, value: str) -> None:
+@pytest.mark.parametrize("base, field, value", ONCE_FOUND, ids=[f"{b} {f}={v[:20]}" for b, f, v in ONCE_FOUND])
+def test_inputs_the_fuzz_once_found_are_refused_in_one_line(fuzzer: Fuzzer, base: str, field: str, value: str) -> None:
     found = judge(fuzzer, Case(next(b for b in bases() if b.name == base), field, value), set())
     assert not found, "\n".join(found)
 
