@@ -56,8 +56,11 @@ def check_counts(cfg: Config) -> None:
     for name, optional in (("cluster.cpus_per_task", cluster.cpus_per_task), ("cluster.mem_gb", cluster.mem_gb)):
         if optional is not None:
             check_positive(name, optional)
-    if cfg.global_batch_size is not None:
-        check_positive("global_batch_size", cfg.global_batch_size)
+    if cfg.global_batch_size is not None and cfg.global_batch_size < 1:  # 1 itself fits a data-parallel size of 1 only
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} must be at least 1. HINT: set global_batch_size=null "
+            "(micro_batch_size × data-parallel size), or a multiple of that."
+        )
     check_not_negative("keep_checkpoints", cfg.keep_checkpoints)
     check_positive("cluster.nccl.timeout_s", cluster.nccl.timeout_s)
     check_positive("resilience.max_attempts", res.max_attempts)

@@ -368,7 +368,7 @@ def test_no_field_value_escapes_as_a_traceback(fuzzer: Fuzzer) -> None:
     assert not found, f"{len(found)} problems:\n" + "\n".join(found[:40])
 
 
-# Cases the fuzz found (issue 27), kept whatever the sample: (base, field, value). All but the last escaped as tracebacks.
+# Cases the fuzz found (issue 27), kept whatever the sample: (base, field, value). All but the last two escaped as tracebacks.
 ONCE_FOUND = [
     ("recipe=a100x16-qwen3moe-megatron-ep", "model.id", HOSTILE["long"][1]),  # a name too long for the OS
     ("default", "model.id", "'a\x00b'"),  # a NUL byte: not a path
@@ -386,6 +386,7 @@ ONCE_FOUND = [
     ("recipe=a100-2x4-grpo-colocate", "swift.vllm_gpu_memory_utilization", "nan"),
     ("recipe=a100-2x4-grpo-colocate", "swift.vllm_gpu_memory_utilization", "99999999999999999999"),
     ("storage=s3", "storage.endpoint_url", "'a\u200bb'"),  # its HINT's http://a\u200bb did not parse
+    ("model=qwen3-8b", "global_batch_size", "-1"),  # its HINT's global_batch_size=1 is no multiple of 8 GPUs
 ]
 
 
@@ -397,7 +398,7 @@ def test_inputs_the_fuzz_once_found_are_refused_in_one_line(fuzzer: Fuzzer, base
 
 def test_the_fuzz_runs_what_the_command_line_runs(fuzzer: Fuzzer) -> None:
     """A seeded sample through the real `main()` (Hydra composing everything) prints the same and exits the same."""
-    for case in random.Random(SEED).sample(sample(fuzzer), 12):
+    for case in random.Random(SEED).sample(sample(fuzzer), 6):
         override = case.override(fuzzer.root)
         mutated, real = fuzzer.run(case.base, override), fuzzer.run(case.base, override, through_main=True)
         assert (mutated.code, mutated.output) == (real.code, real.output), case
