@@ -38,14 +38,19 @@ def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
         raise ConfigError(f"{field}={value!r} is not known.{did_you_mean(str(value), valid)} {one_of(valid)}")
 
 
+# `not low <= value < inf` refuses nan too (nan compares false with everything): the node side sleeps, counts and
+# compares with these numbers, and int(nan) or time.sleep(inf) raises there.
 def check_positive(field: str, value: float) -> None:
-    if value < 1:
-        raise ConfigError(f"{field}={value} must be at least 1. HINT: set {field}=1 or more.")
+    if not 1 <= value < math.inf:
+        raise ConfigError(f"{field}={value} must be at least 1 (and finite). HINT: set {field}=1 or more.")
 
 
 def check_not_negative(field: str, value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{field}={value} is negative. HINT: set {field}=0 or more.")
+    if not 0 <= value < math.inf:
+        raise ConfigError(f"{field}={value} is negative or not finite. HINT: set {field}=0 or more.")
+
+
+MAX_NODES = 100_000  # python-hostlist's limit: the node side could not read a longer SLURM_JOB_NODELIST
 
 
 def check_counts(cfg: Config) -> None:
@@ -53,6 +58,14 @@ def check_counts(cfg: Config) -> None:
     would take the value as given (a negative GPU count, a zero time-out)."""
     cluster, res = cfg.cluster, cfg.resilience
     check_not_negative("cluster.gpus_per_node", cluster.gpus_per_node)
+    check_not_negative("model.params_b", cfg.model.params_b)
+    if cluster.gpu_memory_gib is not None and not 0 < cluster.gpu_memory_gib < math.inf:
+        raise ConfigError(
+            f"cluster.gpu_memory_gib={cluster.gpu_memory_gib} is not a GPU's memory. HINT: set it in GiB as "
+            "nvidia-smi reports it (A100 80GB: cluster.gpu_memory_gib=80), or null to check nothing."
+        )
+    if cluster.nodes > MAX_NODES:
+        raise ConfigError(f"cluster.nodes={cluster.nodes} is more than {MAX_NODES}. HINT: set cluster.nodes to the nodes the job needs.")
     for name, optional in (("cluster.cpus_per_task", cluster.cpus_per_task), ("cluster.mem_gb", cluster.mem_gb)):
         if optional is not None:
             check_positive(name, optional)
@@ -77,7 +90,7 @@ def check_counts(cfg: Config) -> None:
     ):
         check_not_negative(f"resilience.{name}", getattr(res, name))
     for name in ("startup_timeout_s", "hang_timeout_s", "pause_timeout_s", "hang_window_factor", "hang_window_floor_s"):
-        if getattr(res, name) <= 0:
+        if not 0 < getattr(res, name) < math.inf:
             raise ConfigError(f"resilience.{name}={getattr(res, name)} must be positive. HINT: keep the default.")
     if res.hang_window_floor_s > res.hang_timeout_s:
         raise ConfigError(
@@ -202,6 +215,12 @@ def check_choices(cfg: Config) -> None:
     check_counts(cfg)
     check_sbatch_extra(cfg.cluster.sbatch)
     check_env_names(cfg.cluster.env)
+    for line in cfg.cluster.setup:  # list[str] in the schema, but OmegaConf lets a nested list through
+        if not isinstance(line, str):
+            raise ConfigError(
+                f"cluster.setup holds {line!r}, not a shell line. HINT: give each line as a string: "
+                "cluster.setup=['module load cuda']."
+            )
     if cfg.dataset == []:
         raise ConfigError("dataset=[] names no data. HINT: dataset=[tiny], a hub id or dataset=[/abs/train.jsonl].")
     _check_needs_gpus(cfg)
