@@ -65,7 +65,9 @@ def check_counts(cfg: Config) -> None:
             "nvidia-smi reports it (A100 80GB: cluster.gpu_memory_gib=80), or null to check nothing."
         )
     if cluster.nodes > MAX_NODES:
-        raise ConfigError(f"cluster.nodes={cluster.nodes} is more than {MAX_NODES}. HINT: set cluster.nodes to the nodes the job needs.")
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes} is more than {MAX_NODES}. HINT: set cluster.nodes to what the job needs."
+        )
     for name, optional in (("cluster.cpus_per_task", cluster.cpus_per_task), ("cluster.mem_gb", cluster.mem_gb)):
         if optional is not None:
             check_positive(name, optional)
