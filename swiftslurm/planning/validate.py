@@ -196,6 +196,12 @@ def check_env_names(env: Mapping[str, Any]) -> None:
             )
 
 
+def _check_strings(field: str, items: Iterable[Any], what: str, example: str) -> None:
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"{field} holds {item!r}, not {what}. HINT: give each as a string: {example}.")
+
+
 def check_choices(cfg: Config) -> None:
     """Enumerated fields, and combinations of group choices that cannot work."""
     engine = engine_for_strategy(cfg.strategy.engine)  # refuses an unknown one
@@ -217,12 +223,9 @@ def check_choices(cfg: Config) -> None:
     check_counts(cfg)
     check_sbatch_extra(cfg.cluster.sbatch)
     check_env_names(cfg.cluster.env)
-    for line in cfg.cluster.setup:  # list[str] in the schema, but OmegaConf lets a nested list through
-        if not isinstance(line, str):
-            raise ConfigError(
-                f"cluster.setup holds {line!r}, not a shell line. HINT: give each line as a string: "
-                "cluster.setup=['module load cuda']."
-            )
+    # list[str] in the schema, but OmegaConf lets a nested list through
+    _check_strings("cluster.setup", cfg.cluster.setup, "a shell line", "cluster.setup=['module load cuda']")
+    _check_strings("dataset", cfg.dataset or [], "a dataset", f"dataset=[{EXAMPLE_DATASET}]")
     if cfg.dataset == []:
         raise ConfigError("dataset=[] names no data. HINT: dataset=[tiny], a hub id or dataset=[/abs/train.jsonl].")
     _check_needs_gpus(cfg)

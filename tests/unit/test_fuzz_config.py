@@ -389,6 +389,7 @@ ONCE_FOUND = [
     ("model=qwen3-30b-a3b", "model.params_b", "inf"),  # int(nan) in the save-budget warning
     ("cluster=a100-2x4", "cluster.nodes", "99999999999999999999"),  # refused after job.sbatch was written
     ("strategy=qlora", "cluster.setup", "[[1]]"),  # a nested list for shell lines
+    ("cluster=local", "dataset", "[[1]]"),
     ("cluster=a10gx2", "cluster.gpu_memory_gib", "nan"),  # an estimate of nan GiB, the field unnamed
     ("storage=s3", "storage.endpoint_url", "'a\u200bb'"),  # its HINT's http://a\u200bb did not parse
     ("model=qwen3-8b", "global_batch_size", "-1"),  # its HINT's global_batch_size=1 is no multiple of 8 GPUs
