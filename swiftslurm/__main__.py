@@ -134,10 +134,10 @@ def compose_and_run(args: list[str]) -> int:
         raise_unfinished_sweep()
     except SystemExit as stop:
         code = stop.code
-    except (HydraException, OmegaConfBaseException) as err:
-        if user_asked_for_traceback:
+    except (HydraException, OmegaConfBaseException, OverflowError) as err:
+        if user_asked_for_traceback or (message := cli_errors.command_line_refusal(err, args)) is None:
             raise
-        code = report(cli_errors.hydra_error_message(err, args))
+        code = report(message)
     except SwiftSlurmError as err:  # from a sweep (swiftslurm/sweep/): a point refused, not submitted, or failed
         code = report(err)
     finally:

@@ -314,6 +314,25 @@ def _composition(err: Exception, overrides: Sequence[str]) -> str:
     return _first_line(err)
 
 
+def command_line_refusal(err: Exception, overrides: Sequence[str]) -> str | None:
+    """The one line for an error raised while Hydra read the command line (a HydraException, an
+    OmegaConfBaseException, or OmegaConf's OverflowError below); None for an error that is a bug instead."""
+    if isinstance(err, OverflowError):
+        return _overflow(err, overrides)
+    return hydra_error_message(err, overrides)
+
+
+def _overflow(err: OverflowError, overrides: Sequence[str]) -> str | None:
+    """OmegaConf reads a float field with float() and lets its OverflowError through (a whole number past 1.8e308),
+    re-raised with the field's key in its message: a value of the wrong size, said like a wrong type. None for
+    any other OverflowError: that is a bug, and keeps its traceback."""
+    found = re.search(r"full_key: (\S+)", str(err))
+    if found is None:
+        return None
+    key = found.group(1)
+    return f"{_override_for(key, overrides)} is too large for {key}. HINT: give {key} {_kind(key)} below 1e308."
+
+
 def _as_typed(override: str, overrides: Sequence[str]) -> str:
     """The override as the user typed it (without the `++` that open_dict_overrides added)."""
     return next((o for o in overrides if override in (o, f"++{o}")), override)

@@ -32,8 +32,10 @@ def main(args: list[str]) -> int:
         with initialize_config_dir(config_dir=str(CHECKOUT / "conf"), version_base=None):
             cfg = compose("config", overrides=open_dict_overrides(args))
         print(advise_table(to_config(cfg)))
-    except (HydraException, OmegaConfBaseException) as err:
-        return report(cli_errors.hydra_error_message(err, args))
+    except (HydraException, OmegaConfBaseException, OverflowError) as err:
+        if (message := cli_errors.command_line_refusal(err, args)) is None:
+            raise
+        return report(message)
     except SwiftSlurmError as err:
         return report(err)
     return 0

@@ -16,6 +16,7 @@ Nothing here imports torch, Hydra or ms-swift.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,7 +294,7 @@ def find_shape(model_id: str, tiny_config: dict[str, Any] | None = None) -> Mode
     if tiny_config is not None:
         return ModelShape.from_config(tiny_config)
     local = Path(model_id) / "config.json"
-    if model_id.startswith("/") and local.is_file():
+    if model_id.startswith("/") and os.path.isfile(local):  # os.path: False for a name too long
         return _local_shape(model_id, local)
     known = shipped_shapes().get(model_id)
     return ModelShape.from_config(known) if known else None

@@ -302,13 +302,19 @@ def value_error(name: str, value: Any, command: str, version: str | None = None)
     """Why ms-swift's parser would refuse ``swift.<name>=value`` (its type and choices), or None. A value that
     fails here would stop the job after its queue wait, at ms-swift's argument parsing."""
     spec = arg_specs(command, version).get(name)
-    if spec is None or isinstance(value, dict):
+    if spec is None:
         return None
     kind, several = _shape(spec.type)
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
     where = f"ms-swift {version or installed_version()} `{normalize_command(command)}` ({spec.type})"
+    if isinstance(value, dict):  # rendered as JSON: a mapping argument reads it, a number or a switch does not
+        if kind is None:
+            return None
+        return f"swift.{name}={value} is a mapping, but {where} takes {_SCALARS[kind]}. {_example(name, spec)}"
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
     if len(values) > 1 and not several:
         return f"swift.{name}={value} gives several values, but {where} takes one. HINT: give one value."
+    if not values and not several:  # `--name` with nothing after it: ms-swift's parser stops the job
+        return f"swift.{name}=[] gives no value, but {where} takes one. {_example(name, spec)}"
     choices = [str(c) for c in spec.choices or literal_choices(spec.type) or () if c is not None]
     for item in values:
         if choices and str(item) not in choices:

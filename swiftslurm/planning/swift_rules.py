@@ -10,6 +10,8 @@ divisibility, GRPO's generation groups) belong to the engine adapters (`Engine.l
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -89,8 +91,9 @@ RANGES: tuple[tuple[str, float, float | None, bool], ...] = (
     ("train_iters", 1.0, None, True),
     ("dataloader_num_workers", 0.0, None, True),
     ("temperature", 0.0, None, False),
+    ("vllm_gpu_memory_utilization", 0.0, 1.0, False),  # vLLM's share of each GPU's memory
 )
-INCLUSIVE_HIGH = frozenset({"warmup_ratio"})  # the others' highest value is excluded
+INCLUSIVE_HIGH = frozenset({"warmup_ratio", "vllm_gpu_memory_utilization"})  # the others' highest value is excluded
 
 
 def tuner_choices(annotation_choices: tuple[Any, ...] | None) -> tuple[str, ...]:
@@ -134,7 +137,7 @@ def _config_file(field: str, value: str, presets: tuple[str, ...]) -> str | None
         )
     path = Path(value)
     top = Path(*path.parts[:2])
-    if top != path and top.exists() and not path.is_file():
+    if top != path and os.path.exists(top) and not os.path.isfile(path):  # os.path: False for a name too long
         return f"{field}={value!r} does not exist. HINT: fix the path, or use a preset ({', '.join(presets)})."
     return None
 
@@ -221,11 +224,13 @@ def _ranges(args: Mapping[str, Any]) -> str | None:
             continue
         try:
             number = float(value)
+        except OverflowError:  # a whole number no float holds
+            number = math.inf if value > 0 else -math.inf
         except (TypeError, ValueError):
             continue  # swift_args.value_error names the type
         too_low = number < low or (number == low and not low_ok)
         too_high = high is not None and (number > high if name in INCLUSIVE_HIGH else number >= high)
-        if too_low or too_high:
+        if too_low or too_high or not math.isfinite(number):  # nan compares false with every limit
             limits = _range_text(low, high, low_ok, name)
             return f"{setting_of(name)}={value} is out of range: {limits}. HINT: {_range_fix(name)}."
     return None
@@ -234,7 +239,7 @@ def _ranges(args: Mapping[str, Any]) -> str | None:
 def _range_text(low: float, high: float | None, low_ok: bool, name: str) -> str:
     lower = f"{'at least' if low_ok else 'above'} {low:g}"
     if high is None:
-        return f"it must be {lower}"
+        return f"it must be a finite number {lower}"
     return f"it must be {lower} and {'at most' if name in INCLUSIVE_HIGH else 'below'} {high:g}"
 
 
@@ -246,6 +251,7 @@ _RANGE_FIXES: dict[str, str] = {
     "warmup_ratio": "set swift.warmup_ratio=0.05",
     "split_dataset_ratio": "set swift.split_dataset_ratio=0.01",
     "temperature": "set swift.temperature=1.0",
+    "vllm_gpu_memory_utilization": "set swift.vllm_gpu_memory_utilization=0.5",
 }
 
 

@@ -6,6 +6,7 @@ Each check raises ConfigError with one message that names the value, the conflic
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,14 +38,19 @@ def _choice(field: str, value: Any, valid: Iterable[str]) -> None:
         raise ConfigError(f"{field}={value!r} is not known.{did_you_mean(str(value), valid)} {one_of(valid)}")
 
 
+# `not low <= value < inf` refuses nan too (nan compares false with everything): the node side sleeps, counts and
+# compares with these numbers, and int(nan) or time.sleep(inf) raises there.
 def check_positive(field: str, value: float) -> None:
-    if value < 1:
-        raise ConfigError(f"{field}={value} must be at least 1. HINT: set {field}=1 or more.")
+    if not 1 <= value < math.inf:
+        raise ConfigError(f"{field}={value} must be at least 1 (and finite). HINT: set {field}=1 or more.")
 
 
 def check_not_negative(field: str, value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{field}={value} is negative. HINT: set {field}=0 or more.")
+    if not 0 <= value < math.inf:
+        raise ConfigError(f"{field}={value} is negative or not finite. HINT: set {field}=0 or more.")
+
+
+MAX_NODES = 100_000  # python-hostlist's limit: the node side could not read a longer SLURM_JOB_NODELIST
 
 
 def check_counts(cfg: Config) -> None:
@@ -52,11 +58,24 @@ def check_counts(cfg: Config) -> None:
     would take the value as given (a negative GPU count, a zero time-out)."""
     cluster, res = cfg.cluster, cfg.resilience
     check_not_negative("cluster.gpus_per_node", cluster.gpus_per_node)
+    check_not_negative("model.params_b", cfg.model.params_b)
+    if cluster.gpu_memory_gib is not None and not 0 < cluster.gpu_memory_gib < math.inf:
+        raise ConfigError(
+            f"cluster.gpu_memory_gib={cluster.gpu_memory_gib} is not a GPU's memory. HINT: set it in GiB as "
+            "nvidia-smi reports it (A100 80GB: cluster.gpu_memory_gib=80), or null to check nothing."
+        )
+    if cluster.nodes > MAX_NODES:
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes} is more than {MAX_NODES}. HINT: set cluster.nodes to what the job needs."
+        )
     for name, optional in (("cluster.cpus_per_task", cluster.cpus_per_task), ("cluster.mem_gb", cluster.mem_gb)):
         if optional is not None:
             check_positive(name, optional)
-    if cfg.global_batch_size is not None:
-        check_positive("global_batch_size", cfg.global_batch_size)
+    if cfg.global_batch_size is not None and cfg.global_batch_size < 1:  # 1 itself fits a data-parallel size of 1 only
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} must be at least 1. HINT: set global_batch_size=null "
+            "(micro_batch_size × data-parallel size), or a multiple of that."
+        )
     check_not_negative("keep_checkpoints", cfg.keep_checkpoints)
     check_positive("cluster.nccl.timeout_s", cluster.nccl.timeout_s)
     check_positive("resilience.max_attempts", res.max_attempts)
@@ -73,7 +92,7 @@ def check_counts(cfg: Config) -> None:
     ):
         check_not_negative(f"resilience.{name}", getattr(res, name))
     for name in ("startup_timeout_s", "hang_timeout_s", "pause_timeout_s", "hang_window_factor", "hang_window_floor_s"):
-        if getattr(res, name) <= 0:
+        if not 0 < getattr(res, name) < math.inf:
             raise ConfigError(f"resilience.{name}={getattr(res, name)} must be positive. HINT: keep the default.")
     if res.hang_window_floor_s > res.hang_timeout_s:
         raise ConfigError(
@@ -213,6 +232,12 @@ def check_env_names(env: Mapping[str, Any]) -> None:
             )
 
 
+def _check_strings(field: str, items: Iterable[Any], what: str, example: str) -> None:
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"{field} holds {item!r}, not {what}. HINT: give each as a string: {example}.")
+
+
 def check_choices(cfg: Config) -> None:
     """Enumerated fields, and combinations of group choices that cannot work."""
     engine = engine_for_strategy(cfg.strategy.engine)  # refuses an unknown one
@@ -234,6 +259,9 @@ def check_choices(cfg: Config) -> None:
     check_counts(cfg)
     check_sbatch_extra(cfg.cluster.sbatch)
     check_env_names(cfg.cluster.env)
+    # list[str] in the schema, but OmegaConf lets a nested list through
+    _check_strings("cluster.setup", cfg.cluster.setup, "a shell line", "cluster.setup=['module load cuda']")
+    _check_strings("dataset", cfg.dataset or [], "a dataset", f"dataset=[{EXAMPLE_DATASET}]")
     if cfg.dataset == []:
         raise ConfigError("dataset=[] names no data. HINT: dataset=[tiny], a hub id or dataset=[/abs/train.jsonl].")
     _check_needs_gpus(cfg)
@@ -417,13 +445,15 @@ def check_paths(cfg: Config, topology: Topology, cwd: Path) -> None:
                 _check_model_dir(value, Path(path))
         elif field == "cluster.python" and "/" not in path:
             continue  # a command found on the nodes' PATH
-        elif not _is_hub_id(value) or (cwd / path).exists():
+        elif not _is_hub_id(value) or os.path.exists(cwd / path):
             raise ConfigError(_relative_path_message(field, value, path, topology.nodes, cwd))
 
 
+# Paths are probed with os.path's predicates, not Path's: they answer False for a path the system cannot look
+# up (a name over 255 bytes, a NUL byte), where Path.exists raises.
 def _check_exists(field: str, value: str, path: Path) -> None:
     top = Path(*path.parts[:2])
-    if top != path and top.exists() and not path.exists():
+    if top != path and os.path.exists(top) and not os.path.exists(path):
         raise ConfigError(
             f"{field}={value!r} does not exist ({top} is visible here, so the nodes would not find it either). "
             f"HINT: fix the path, or create {path.name} first."
@@ -433,8 +463,8 @@ def _check_exists(field: str, value: str, path: Path) -> None:
 def _check_model_dir(value: str, path: Path) -> None:
     """A local model is a folder with config.json (what transformers and Megatron load); seen from here only
     when its filesystem is mounted here."""
-    if path.is_file() or (path.is_dir() and not (path / "config.json").is_file()):
-        what = "is a file" if path.is_file() else "has no config.json"
+    if os.path.isfile(path) or (os.path.isdir(path) and not os.path.isfile(path / "config.json")):
+        what = "is a file" if os.path.isfile(path) else "has no config.json"
         raise ConfigError(
             f"model.id={value!r} {what}: a local model is a Hugging Face model folder (config.json, weights, "
             "tokenizer). HINT: point model.id at that folder, e.g. the one `swift export` or a download wrote."
@@ -443,8 +473,8 @@ def _check_model_dir(value: str, path: Path) -> None:
 
 def _relative_path_message(field: str, value: str, path: str, nodes: int, cwd: Path) -> str:
     where = "ms-swift runs in the run directory" if nodes == 1 else "nodes may not share this working directory"
-    absolute = (cwd / path).resolve()
-    example = f"{absolute}" if absolute.exists() else "/shared/path/to/it"
+    absolute = os.path.normpath(cwd / path)
+    example = absolute if os.path.exists(absolute) else "/shared/path/to/it"
     shown = f"[{example}]" if field == "dataset" else example
     return (
         f"{field}={value!r} is a relative path on a {nodes}-node run; {where}, not {cwd}. "
