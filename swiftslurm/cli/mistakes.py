@@ -242,6 +242,8 @@ def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
     if kind.startswith("a list") and value and not value.startswith("["):
         items = [os.path.abspath(v) if v.startswith(("./", "../")) else v for v in value.split(",")]
         return f"{given} is not a list. HINT: write it in brackets: {key}=[{','.join(items)}]."
+    if value.strip().lower() in ("null", "none", "~"):  # an unset: the configured value is the likely wish
+        return f"{given}: {key} cannot be null. HINT: leave {key} out to keep its configured value, or give it {kind}."
     example = _default_of(key)
     shown = (
         f", e.g. {key}={str(example).lower() if isinstance(example, bool) else example}" if example is not None else ""

@@ -643,10 +643,10 @@ def _check_one_name(field: str, value: str | None) -> None:
     """An account, a QOS, a GPU type: one name each (sbatch takes no list there)."""
     if value is None or _SLURM_NAME.match(value):
         return
-    words = [w for w in re.split(r"[^\w.+-]+", value, flags=re.ASCII) if w]
-    several = len(words) > 1
+    several = len([w for w in re.split(r"[\s,;:]+", value) if w]) > 1
     what = "several names" if several else "characters a SLURM name has not"
-    fix = f"{field}={words[0]}" if words else f"{field}=NAME"
+    names = [w for w in re.split(r"[^\w.+-]+", value, flags=re.ASCII) if re.search(r"[A-Za-z0-9]", w)]
+    fix = f"{field}={names[0]}" if names else f"{field}=NAME"
     listing = {
         "cluster.account": " (`sacctmgr show assoc user=$USER` lists yours)",
         "cluster.qos": " (`sacctmgr show qos`)",

@@ -54,11 +54,15 @@ def _bucket_ok(name: str) -> bool:
     return False
 
 
+_HOST_PORT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?$")
+
+
 def endpoint_refusal(url: str) -> str | None:
     """Why boto3 could not reach a store at ``url`` (no scheme, no host, a port that cannot exist), or None."""
     field = f"storage.endpoint_url={url!r}"
     if not url.startswith(("http://", "https://")):
-        return f"{field} has no scheme. HINT: write it as a URL, e.g. storage.endpoint_url=http://{url}."
+        host = url if _HOST_PORT.match(url) else "minio:9000"  # the fix proposed must itself be an endpoint
+        return f"{field} has no scheme. HINT: write it as a URL, e.g. storage.endpoint_url=http://{host}."
     if any(c.isspace() for c in url):
         return f"{field} contains a space. HINT: storage.endpoint_url={''.join(url.split())}."
     parts = urlsplit(url)
