@@ -203,12 +203,12 @@ def _quantised_sharding(args: Mapping[str, Any], bits: Any) -> str | None:
     )
     if sharding is None or args.get("quant_method") != "bnb":
         return None
+    dtype = str(args.get("torch_dtype") or "bfloat16")
     if bits == 8:
         return (
             f"strategy.quant_bits=8 with {sharding}: bitsandbytes' 8-bit weights cannot be sharded. HINT: use "
-            "strategy.quant_bits=4, or strategy.deepspeed=zero2."
+            f"strategy.quant_bits=4 swift.bnb_4bit_quant_storage={dtype}, or strategy.deepspeed=zero2."
         )
-    dtype = str(args.get("torch_dtype") or "bfloat16")
     if str(args.get("bnb_4bit_quant_storage")) != dtype:
         return (
             f"strategy.quant_bits=4 with {sharding} shards the 4-bit weights only when they are stored as the "

@@ -10,6 +10,7 @@ their values reach the run dir exactly as given (quoted where a shell reads them
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -212,3 +213,41 @@ def test_the_corpus_covers_every_category_with_at_least_100_inputs() -> None:
         "run dir",
     ):
         assert needed in categories
+
+
+# Issue 27's refusals without a written `fix`: the settings their HINT proposes first (before any "or"; values, not
+# placeholders such as NAME or PATH) are applied together to the case's own argv, in place of what it gave those
+# keys, as a user would retype it; the result may be refused for another reason, but never for what was proposed.
+HINT_SETTING = re.compile(r"`?\+?([A-Za-z_][\w.-]*)=(\[[^\]]*\]|[^\s`,;)'\"]+)`?")
+PLACEHOLDER = re.compile(r"^[A-Z_:]+$|\.\.\.|^<|path/to|\$|[A-Z]{3,}")
+TOP_LEVEL = {"model", "strategy", "task", "dataset", "storage", "global_batch_size", "micro_batch_size", "run_name"}
+HINTED = [case for case in CORPUS["refused"] if "fix" not in case and str(case.get("category", "")).startswith("27.")]
+
+
+def first_proposal(output: str) -> list[tuple[str, str]]:
+    """The KEY=VALUE settings of the HINT's first alternative."""
+    first = re.split(r",?\s+or\s+", output.partition("HINT:")[2], maxsplit=1)[0]
+    found = [(m.group(1), m.group(2).rstrip(".")) for m in HINT_SETTING.finditer(first)]
+    return [(key, value) for key, value in found if ("." in key or key in TOP_LEVEL) and not PLACEHOLDER.search(value)]
+
+
+def with_settings(argv: list[str], settings: list[tuple[str, str]]) -> list[str]:
+    keys = {key for key, _ in settings}
+    kept = [arg for arg in argv if arg.lstrip("+~").partition("=")[0] not in keys]
+    plus = {key for key, _ in settings if any(arg.startswith(f"+{key}=") for arg in argv)}
+    return [*kept, *(f"{'+' if key in plus else ''}{key}={value}" for key, value in settings)]
+
+
+@pytest.mark.parametrize("case", HINTED, ids=case_id)
+def test_what_a_hint_proposes_is_not_refused_in_turn(
+    case: dict[str, Any], workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = prepare(case, workdir, monkeypatch)
+    code, output = run_in_process(argv, capsys, monkeypatch)
+    assert code == 2, output
+    if not (proposal := first_proposal(output)):
+        return  # the HINT names what to do in words (remove a setting, pick a cluster): nothing to retype
+    code, again = run_in_process(with_settings(argv, proposal), capsys, monkeypatch)
+    subject = again.removeprefix("swiftslurm: error: ").lstrip("'`")
+    refused = [f"{key}={value}" for key, value in proposal if subject.startswith((f"{key}={value}", f"{key}='"))]
+    assert code == 0 or not refused, f"the HINT of:\n{output}\nproposes {refused}, refused in turn:\n{again}"
