@@ -29,27 +29,27 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[NODE_GROUP_ENV] = str(int(worker.removeprefix("gw")) + 1)
 
 
-# The tier's longest tests, slowest first, as CI measured them (2026-12-03, two processes): each process starts
+# The tier's longest tests, slowest first, as measured on 2026-12-03 (two processes): each process starts
 # with its share of them, so that neither is left running one of them alone at the end. pytest-xdist hands each
 # process a contiguous part of the collection and steals from the ends of those parts; a test not named here keeps
 # its collection order after these. Only the order changes, never what runs.
 LONGEST_FIRST = (
     "test_resilience.py::test_run_longer_than_its_time_limit_finishes_over_several_attempts",
-    "test_faults.py::test_kill_9_at_random_moments_always_resumes_from_a_committed_checkpoint",
-    "test_operations.py::test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm",
-    "test_operations.py::test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes",
-    "test_rlhf.py::test_rlhf_preempted_mid_run_resumes_and_ends_identical[grpo]",
-    "test_resume_data.py::test_a_streamed_run_preempted_mid_training_ends_identical_to_one_never_stopped",
-    "test_shrink.py::test_a_lost_node_resumes_on_two_with_the_same_global_batch[strategy=ddp]",
-    "test_goodput.py::test_a_run_preempted_twice_accounts_for_every_allocated_second",
-    "test_signals.py::test_a_signal_during_the_upload_drain_cuts_it_to_slurms_end_time",
     "test_resilience.py::test_several_preemptions_in_a_row_still_end_identical",
+    "test_rlhf.py::test_rlhf_preempted_mid_run_resumes_and_ends_identical[grpo]",
     "test_hangs.py::test_a_rank_blocked_in_a_collective_is_found_within_its_window_with_every_ranks_stacks",
+    "test_shrink.py::test_a_lost_node_resumes_on_two_with_the_same_global_batch[strategy=ddp]",
+    "test_operations.py::test_cancel_stops_a_running_run_for_good_and_status_works_without_slurm",
+    "test_signals.py::test_a_signal_during_the_upload_drain_cuts_it_to_slurms_end_time",
+    "test_faults.py::test_kill_9_at_random_moments_always_resumes_from_a_committed_checkpoint",
     "test_shrink.py::test_a_lost_node_resumes_on_two_with_the_same_global_batch[strategy=zero2]",
+    "test_goodput.py::test_a_run_preempted_twice_accounts_for_every_allocated_second",
     "test_pace_and_blame.py::test_steps_logged_further_apart_than_the_ceiling_and_a_long_first_save_are_not_a_hang",
-    "test_goodput.py::test_a_worker_crash_shows_the_training_lost_since_the_last_commit",
-    "test_storage_run.py::test_a_new_cluster_restores_from_the_store_and_ends_identical",
-    "test_rank_children.py::test_a_preempted_run_with_data_loader_workers_saves_at_its_step_and_loses_none[spawn]",
+    "test_resume_data.py::test_a_streamed_run_preempted_mid_training_ends_identical_to_one_never_stopped",
+    "test_operations.py::test_sweep_returns_at_once_requeues_only_the_preempted_point_and_completes",
+    "test_rlhf.py::test_rlhf_preempted_mid_run_resumes_and_ends_identical[dpo]",
+    "test_faults.py::test_lost_node_is_excluded_and_the_run_finishes_on_the_others",
+    "test_rank_children.py::test_a_preempted_run_with_data_loader_workers_saves_at_its_step_and_loses_none[fork]",
 )
 
 
