@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,13 @@ def plan_for(*overrides: str, cwd: Path = Path("/home/user/project")) -> JobPlan
     """Plan with fixed outside facts (cwd, python, cache) so renderings are reproducible."""
     ctx = PlanContext(cwd=cwd, python=FIXED_PYTHON, env={"SWIFTSLURM_CACHE": FIXED_CACHE})
     return make_plan(compose_config(*overrides), ctx)
+
+
+def file_rendezvous(folder: Path) -> str:
+    """The init_method of a test's torch.distributed process group: a FileStore in ``folder``, a new file each
+    call. A TCP port found free and released before rank 0 binds it can be taken meanwhile by any process on the
+    machine (EADDRINUSE, seen with the cluster tier beside the component tier); a file cannot."""
+    return f"file://{folder / f'rendezvous-{uuid.uuid4().hex}'}"
 
 
 BUDGET_ENV = "SWIFTSLURM_TIER_BUDGET_S"

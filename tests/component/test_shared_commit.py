@@ -4,7 +4,6 @@ a real two-process gloo group, rank 0 writes the manifest, and a save waits for 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from swiftslurm.ckpt import checkpoint as ck
 from swiftslurm.engines.hooks import Committer
 from swiftslurm.errors import CommitFailed
+from tests.conftest import file_rendezvous
 from tests.unit.test_shared_commit import zero3_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -24,15 +24,9 @@ dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rank(rank: int, port: int, folder: Path, hashed: dict[int, Any], rank1_done: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _rank(rank: int, rendezvous: str, folder: Path, hashed: dict[int, Any], rank1_done: Any) -> None:
+    os.environ["WORLD_SIZE"] = "2"
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     mine: list[str] = []
     real_hash, real_write = ck.sha256_and_fsync, ck.write_json_atomic
 
@@ -59,7 +53,7 @@ def test_two_ranks_commit_a_zero3_checkpoint_together(tmp_path: Path) -> None:
     folder = zero3_checkpoint(tmp_path, 5, 2)
     with mp.Manager() as manager:
         answers = manager.dict()
-        mp.spawn(_rank, args=(_free_port(), folder, answers, manager.Event()), nprocs=2, join=True)
+        mp.spawn(_rank, args=(file_rendezvous(folder.parent), folder, answers, manager.Event()), nprocs=2, join=True)
         hashed = {rank: answers[rank][0] for rank in (0, 1)}
         assert answers[0][1] and answers[1][1]  # no rank's commit ends before the manifest is written
     assert {p for p in hashed[1] if "zero_pp_rank" in p} == {
@@ -73,9 +67,9 @@ def test_two_ranks_commit_a_zero3_checkpoint_together(tmp_path: Path) -> None:
     assert ck.problems(folder, deep=True) == []
 
 
-def _failing_rank(rank: int, port: int, folder: Path, done: dict[int, str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _failing_rank(rank: int, rendezvous: str, folder: Path, done: dict[int, str]) -> None:
+    os.environ["WORLD_SIZE"] = "2"
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     if rank == 1:
 
         def unreadable(path: Path) -> str:
@@ -96,7 +90,7 @@ def test_a_rank_that_cannot_hash_leaves_the_checkpoint_uncommitted_and_no_rank_w
     folder = zero3_checkpoint(tmp_path, 5, 2)
     with mp.Manager() as manager:
         done = manager.dict()
-        mp.spawn(_failing_rank, args=(_free_port(), folder, done), nprocs=2, join=True)
+        mp.spawn(_failing_rank, args=(file_rendezvous(folder.parent), folder, done), nprocs=2, join=True)
         # Both ranks' commits ended; rank 0, which writes the manifest, knows it failed and fails its trainer.
         assert dict(done) == {0: "failed", 1: "ended"}
     assert not ck.is_committed(folder)  # resume falls back to an older checkpoint
@@ -105,14 +99,14 @@ def test_a_rank_that_cannot_hash_leaves_the_checkpoint_uncommitted_and_no_rank_w
 # --- issue 25, item 7: a shared file system's cached listings ------------------------------------------------
 
 
-def _stale_rank(rank: int, port: int, folder: Path, hidden: str, dcp: bool) -> None:
+def _stale_rank(rank: int, rendezvous: str, folder: Path, hidden: str, dcp: bool) -> None:
     """A rank of a two-rank commit; rank 0's listing lacks the files whose names contain ``hidden``, as an NFS
     or Lustre client's cached listing lacks the files another node has just written. With ``dcp`` both
     ranks first save a torch.distributed.checkpoint into the checkpoint's `iter_0000006/`."""
     from swiftslurm.ckpt import shared_commit
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    os.environ["WORLD_SIZE"] = "2"
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     if dcp:
         import torch.distributed.checkpoint as dcp_api
 
@@ -137,7 +131,7 @@ def _stale_rank(rank: int, port: int, folder: Path, hidden: str, dcp: bool) -> N
 
 
 def _commit_with_stale_listing(folder: Path, hidden: str, dcp: bool = False) -> None:
-    mp.spawn(_stale_rank, args=(_free_port(), folder, hidden, dcp), nprocs=2, join=True)
+    mp.spawn(_stale_rank, args=(file_rendezvous(folder.parent), folder, hidden, dcp), nprocs=2, join=True)
 
 
 def test_shards_missing_from_rank_zeros_cached_listing_are_still_in_the_manifest(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ long ones) does not depend on how fast this machine runs the loop."""
 
 from __future__ import annotations
 
-import os
-import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +15,7 @@ dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
 from swiftslurm.engines.stop_vote import LAG_STEPS, SLOW_STEP_S, StopVote  # noqa: E402
+from tests.conftest import file_rendezvous  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -42,10 +43,13 @@ class StepClock:
 
 
 def _rank(
-    rank: int, port: int, signal_at: dict[int, int], step_s: dict[int, list[float]], results: dict[int, list[bool]]
+    rank: int,
+    rendezvous: str,
+    signal_at: dict[int, int],
+    step_s: dict[int, list[float]],
+    results: dict[int, list[bool]],
 ) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     clock = StepClock()
     vote = StopVote(clock=clock)
     vote.join()
@@ -61,16 +65,10 @@ def _rank(
 
 
 def _run(signal_at: dict[int, int], step_s: dict[int, list[float]] | None = None) -> dict[int, list[bool]]:
-    with mp.Manager() as manager:
+    with mp.Manager() as manager, tempfile.TemporaryDirectory() as folder:
         results = manager.dict()
-        mp.spawn(_rank, args=(_free_port(), signal_at, step_s or {}, results), nprocs=2, join=True)
+        mp.spawn(_rank, args=(file_rendezvous(Path(folder)), signal_at, step_s or {}, results), nprocs=2, join=True)
         return dict(results)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stop_step(decisions: list[bool]) -> int:
