@@ -170,11 +170,24 @@ def _record_failure(a: Attempt, error: Exception) -> None:
     """A phase raised (a bug, a filesystem error, an observer): node 0 records the attempt and the run as failed
     with the error, unless the phase recorded its end itself (a refusal, CONCLUDE), a lease lost means another
     job leads, or it never held the lease and another job leads."""
-    if not a.leader or a.recorded or isinstance(error, lease.LeaseLost):
+    if not a.leader:
+        _record_peer_failure(a, error)
+        return
+    if a.recorded or isinstance(error, lease.LeaseLost):
         return
     if a.lease is None and lease.led_elsewhere(a.run_dir, a.where) is not None:
         return
     record_wrapper_failure(a.run_dir, a.where, a.id, error, during=f"in phase {a.phase.value} of")
+
+
+def _record_peer_failure(a: Attempt, error: Exception) -> None:
+    """Another node's wrapper raised: srun will end the step, node 0 with it, often before node 0 records anything;
+    this node's own record is then the run's word on how it ended (ops/runs.py reads it). Best effort."""
+    try:
+        host = a.where.hosts[a.where.node_id] if a.where.node_id < len(a.where.hosts) else socket.gethostname()
+        records.write_wrapper_failure(attempt_dir(a.run_dir, a.id), a.where.node_id, host, a.phase.value, error)
+    except OSError as err:
+        print(f"[swiftslurm] could not record the failure either: {err}", flush=True)
 
 
 def _record_phase(a: Attempt) -> None:

@@ -31,6 +31,7 @@ from swiftslurm.rundir.metrics import read_metrics
 from swiftslurm.rundir.records import (
     AttemptRecord,
     is_cancelled,
+    newest_wrapper_failure,
     read_attempts,
     read_refused_submission,
     read_status,
@@ -116,6 +117,8 @@ def gather(
     if job.get("scheduler") == "local" and job_id:
         slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
+    if state == "failed" and status.get("state") not in FINAL_STATES and job_id:
+        why = "; ".join(filter(None, (newest_wrapper_failure(run_dir, job_id), why)))
     if job.get("by_hand") and not status:
         why = _hand_submitted_why(run_dir, str(job_id), state, why)
     if (refused := read_refused_submission(run_dir)) and float(refused["at"]) > float(job.get("submitted") or 0):

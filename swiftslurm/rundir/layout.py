@@ -101,6 +101,9 @@ RESERVE = "reserve"  # disk space held for the records while the trainer runs (r
 RESERVE_FILE = "node{node}"  # in reserve/
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/
 NODE_RESULT = "node{node}.json"  # in logs/<attempt>/
+# in logs/<attempt>/: the phase and error of a node other than 0 whose wrapper raised; srun then ends the whole
+# step, node 0 included, often before node 0 records anything, so this is the run's only word on how it ended
+WRAPPER_FAILURE = "wrapper_failed{node}.json"
 PREFLIGHT_RANK_REPORT = "rank{node}.json"  # in preflight/<attempt>/
 PREFLIGHT_TOKEN = "rank{node}.token"  # in preflight/<attempt>/
 
@@ -148,6 +151,15 @@ def progress_file(attempt_dir: Path) -> Path:
 
 def node_result(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / NODE_RESULT.format(node=node)
+
+
+def wrapper_failure_file(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / WRAPPER_FAILURE.format(node=node)
+
+
+def wrapper_failure_files(run_dir: Path) -> list[Path]:
+    """Every attempt's wrapper failures of nodes other than 0, in no particular order."""
+    return list(logs_dir(run_dir).glob("*/" + WRAPPER_FAILURE.format(node="*")))
 
 
 def hang_file(attempt_dir: Path) -> Path:

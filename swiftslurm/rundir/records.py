@@ -20,7 +20,17 @@ from swiftslurm.rundir.jsonio import (
     sync_filesystems,
     write_json_atomic,
 )
-from swiftslurm.rundir.layout import ATTEMPTS, CANCELLED, JOB, OPEN_ATTEMPT, STATUS, SUBMIT_REFUSED, node_result
+from swiftslurm.rundir.layout import (
+    ATTEMPTS,
+    CANCELLED,
+    JOB,
+    OPEN_ATTEMPT,
+    STATUS,
+    SUBMIT_REFUSED,
+    node_result,
+    wrapper_failure_file,
+    wrapper_failure_files,
+)
 
 
 @dataclass(frozen=True)
@@ -238,6 +248,29 @@ def read_node_result(attempt_dir: Path, node: int) -> TrainerEnd | None:
         float(ended_at) if isinstance(ended_at, (int, float)) else None,
         str(ended_by) if ended_by else None,
         tuple(str(p) for p in leftovers) if isinstance(leftovers, list) else (),
+    )
+
+
+def write_wrapper_failure(attempt_dir: Path, node: int, host: str, phase: str, error: BaseException) -> None:
+    """A node other than 0 whose wrapper raised in ``phase``: its own record of it (WRAPPER_FAILURE)."""
+    attempt_dir.mkdir(parents=True, exist_ok=True)  # the attempt may not have begun anywhere yet
+    record = {"node": node, "host": host, "phase": phase, "error": repr(error), "at": round(time.time(), 3)}
+    write_json_atomic(wrapper_failure_file(attempt_dir, node), record)
+
+
+def newest_wrapper_failure(run_dir: Path, job_id: str) -> str | None:
+    """How the newest wrapper failure of a node other than 0 in job ``job_id``'s attempts reads, or None."""
+    found = [
+        (data, path.parent.name)
+        for path in wrapper_failure_files(run_dir)
+        if path.parent.name.split(".")[0] == job_id and (data := peek_json(path))
+    ]
+    if not found:
+        return None
+    data, attempt = max(found, key=lambda item: float(item[0].get("at") or 0))
+    return (
+        f"node {data.get('node')}'s wrapper ({data.get('host')}) failed in phase {data.get('phase')} of attempt "
+        f"{attempt}: {data.get('error')}"
     )
 
 

@@ -101,10 +101,16 @@ def test_up_with_other_settings_refuses_to_replace_a_healthy_cluster(slurm_clust
 def test_a_wrapper_that_fails_before_training_ends_the_wait_in_one_line_with_its_error(
     tmp_path: Path, slurm_cluster: None
 ) -> None:
-    """The wrapper raising before any trainer starts (here a phase observer, as a bug or a filesystem error
-    would): wait=true printed a submitit traceback cut off mid-line and "state running: (0 attempt(s))"."""
+    """The leader's wrapper raising before any trainer starts (here a phase observer, as a bug or a filesystem
+    error would): wait=true printed a submitit traceback cut off mid-line and "state running: (0 attempt(s))".
+    Node 0 alone raises: were node 1 to raise first, srun (--kill-on-bad-exit) would end node 0 before it
+    records anything (a case of its own, not this one's)."""
     observer = tmp_path / "fail_at_start.py"
-    observer.write_text("def on_phase(event):\n    raise RuntimeError('the wrapper broke at ' + event.phase)\n")
+    observer.write_text(
+        "def on_phase(event):\n"
+        "    if event.where.node_id == 0:\n"
+        "        raise RuntimeError('the wrapper broke at ' + event.phase)\n"
+    )
     run_dir = tmp_path / "run"
     observers = {"SWIFTSLURM_PHASE_OBSERVERS": str(observer)}  # the job inherits the submitting environment
     done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *SHORT, cwd=tmp_path, env=observers)
@@ -115,3 +121,26 @@ def test_a_wrapper_that_fails_before_training_ends_the_wait_in_one_line_with_its
     assert "failed in phase prepare of attempt" in error and "the wrapper broke at prepare" in error, error
     [record] = attempts(run_dir)
     assert (record["reason"], record["decision"]) == ("infra", "stop"), record
+
+
+def test_another_nodes_wrapper_failing_first_ends_the_wait_with_that_nodes_error(
+    tmp_path: Path, slurm_cluster: None
+) -> None:
+    """Node 1's wrapper raises before any trainer starts: srun ends the step, node 0 with it, before node 0 records
+    anything. wait=true said only "job failed without a final record from the wrapper"; node 1's own record names
+    its phase and error."""
+    observer = tmp_path / "fail_on_node_1.py"
+    observer.write_text(
+        "def on_phase(event):\n"
+        "    if event.where.node_id == 1:\n"
+        "        raise RuntimeError('node 1 broke at ' + event.phase)\n"
+    )
+    run_dir = tmp_path / "run"
+    observers = {"SWIFTSLURM_PHASE_OBSERVERS": str(observer)}
+    done = swiftslurm("+cluster=local-slurm", "wait=true", f"run_dir={run_dir}", *SHORT, cwd=tmp_path, env=observers)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("swiftslurm: error: ")]
+    assert "node 1's wrapper" in error and "failed in phase prepare of attempt" in error, error
+    assert "node 1 broke at prepare" in error, error
+    shown = swiftslurm("status", str(run_dir), cwd=tmp_path)
+    assert shown.returncode == 0 and "node 1's wrapper" in shown.stdout, shown.stdout + shown.stderr

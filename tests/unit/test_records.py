@@ -215,3 +215,16 @@ def test_cancelling_a_sweep_signals_every_point_before_waiting_for_any(
 
     assert slurm.calls == [["scancel", "--signal=USR2", "501", "502"], ["scancel", "501", "502"]]
     assert all((run_dir / CANCELLED).is_file() for run_dir in jobs.values())
+
+
+def test_the_newest_wrapper_failure_of_another_node_names_its_node_phase_and_error(tmp_path: Path) -> None:
+    from swiftslurm.rundir.records import newest_wrapper_failure, write_wrapper_failure
+
+    logs = tmp_path / "logs"
+    assert newest_wrapper_failure(tmp_path, "155") is None
+    write_wrapper_failure(logs / "154", 1, "node5", "prepare", RuntimeError("an older job's"))
+    write_wrapper_failure(logs / "155.r1", 2, "node6", "agree_on_resume", OSError(5, "Input/output error"))
+    said = newest_wrapper_failure(tmp_path, "155")
+    assert said is not None and said.startswith("node 2's wrapper (node6) failed in phase agree_on_resume of attempt")
+    assert "155.r1" in said and "Input/output error" in said
+    assert newest_wrapper_failure(tmp_path, "15") is None  # another job's attempts are not this job's
