@@ -117,7 +117,7 @@ def gather(
     if job.get("scheduler") == "local" and job_id:
         slurm_state = _local_job_state(job_id)
     state, why = decide_state(status, slurm_state, is_cancelled(run_dir), bool(job))
-    if state == "failed" and status.get("state") not in FINAL_STATES and job_id:
+    if state == "failed" and job_id:  # another node's wrapper failing ends node 0 too, mid-way: say it first
         why = "; ".join(filter(None, (newest_wrapper_failure(run_dir, job_id), why)))
     if job.get("by_hand") and not status:
         why = _hand_submitted_why(run_dir, str(job_id), state, why)
