@@ -184,8 +184,8 @@ def _record_peer_failure(a: Attempt, error: Exception) -> None:
     """Another node's wrapper raised: srun will end the step, node 0 with it, often before node 0 records anything;
     this node's own record is then the run's word on how it ended (ops/runs.py reads it). Best effort."""
     try:
-        host = a.where.hosts[a.where.node_id] if a.where.node_id < len(a.where.hosts) else socket.gethostname()
-        records.write_wrapper_failure(attempt_dir(a.run_dir, a.id), a.where.node_id, host, a.phase.value, error)
+        here = attempt_dir(a.run_dir, a.id)
+        records.write_wrapper_failure(here, a.where.node_id, socket.gethostname(), a.phase.value, error)
     except OSError as err:
         print(f"[swiftslurm] could not record the failure either: {err}", flush=True)
 
