@@ -129,6 +129,45 @@ class PreflightSpec:
     local_paths: tuple[str, ...] = ()  # the model and dataset paths every node must see
 
 
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "oci")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One path the container sees: ``source`` on the node at ``target`` inside; ``why`` names what needs it."""
+
+    source: str
+    target: str
+    read_only: bool
+    why: str
+
+    @property
+    def spec(self) -> str:
+        """`SRC:DST[:ro]`, the form pyxis, apptainer and container.mounts share."""
+        return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """The image each node's wrapper and ranks run in (planning/container.py derives it; swiftslurm/container.py
+    renders it per runtime)."""
+
+    runtime: str  # one of CONTAINER_RUNTIMES
+    image: str  # pyxis: reference or .sqsh; apptainer: .sif or sandbox; oci: the image's root filesystem
+    python_from: str  # "host": the planning Python, mounted; "image": the image's own
+    mounts: tuple[Mount, ...] = ()
+    env_names: tuple[str, ...] = ()  # passed from the node's environment into the container
+    name: str | None = None  # pyxis --container-name
+    writable: bool = False
+    gpus: bool = False  # apptainer --nv; the OCI bundle's GPU hooks are the site's (docs/containers.md)
+    base_config: str | None = None  # oci: the user's bundle's config.json the run's bundle starts from
+
+    def __post_init__(self) -> None:
+        # plan.json gives the mounts back as dicts
+        mounts = tuple(m if isinstance(m, Mount) else Mount(**m) for m in self.mounts)
+        object.__setattr__(self, "mounts", mounts)
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """The contract between the login side and every node. Serialised as plan.json."""
@@ -154,6 +193,7 @@ class JobPlan:
     resilience: Resilience = field(default_factory=Resilience)
     storage: StorageSpec | None = None  # where committed checkpoints are uploaded; never credentials
     preflight: PreflightSpec = field(default_factory=PreflightSpec)
+    container: ContainerSpec | None = None  # None: the nodes' own environment
     version: int = PLAN_VERSION
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 
+from swiftslurm import container
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir.layout import LOGS, SLURM_LOG
@@ -84,8 +85,8 @@ def render_sbatch(plan: JobPlan) -> str:
         lines.append(f"#SBATCH --{option}={sbatch_value(option, value)}" if value else f"#SBATCH --{option}")
     # -u only after cluster.setup: module and venv/conda activation scripts read unset variables.
     lines += ["", "set -eo pipefail", *plan.setup, "set -u", *task_count_lines(plan), ""]
-    node = [plan.python, *NODE_ENTRY, plan.run_dir]
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered", *node]
+    node = [*container.python_argv(plan), *NODE_ENTRY, plan.run_dir]
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered", *container.srun_args(plan), *node]
     lines.append(shlex.join(srun))
     return "\n".join(lines) + "\n"
 

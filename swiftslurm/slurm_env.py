@@ -49,6 +49,29 @@ def slurm_hostnames(nodelist: str) -> list[str]:
         return hosts
 
 
+def task_variables_by_host(env: Mapping[str, str], host: str, expand: HostExpander = expand_hostlist) -> dict[str, str]:
+    """The per-task variables of this step's task on ``host``, found from the step's node list ({} outside a
+    step). SLURM 22.05 writes an OCI container's environment before it sets each task's own, so inside
+    `srun --container` SLURM_PROCID, SLURM_NODEID and SLURM_LOCALID are missing, or are the batch script's (0 on
+    every node, exported to srun), and every node would take itself for task 0. swiftslurm's steps run one task
+    per node: a task's rank is its node's place in the step's node list, found by ``host`` (the container keeps
+    the node's host name). NodeError when that cannot be known."""
+    if "SLURM_STEP_ID" not in env:
+        return {}
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    hosts = expand(nodelist)
+    tasks, nodes = env.get("SLURM_STEP_NUM_TASKS", "?"), env.get("SLURM_STEP_NUM_NODES", str(len(hosts)))
+    short = host.split(".")[0]
+    if tasks != nodes or short not in hosts:
+        raise NodeError(
+            f"this container task's rank cannot be known (SLURM 22.05 leaves SLURM_PROCID out of a container): {tasks} "
+            f"task(s) on {nodes} node(s), host {short!r} {'in' if short in hosts else 'not in'} {nodelist!r}. HINT: "
+            "run one task per node with the container keeping the node's host name (job.sbatch does), or SLURM 23.02+."
+        )
+    node = hosts.index(short)
+    return {"SLURM_PROCID": str(node), "SLURM_NODEID": str(node), "SLURM_LOCALID": "0"}
+
+
 # --- SLURM's host-list grammar (as SLURM 22.05's scontrol and sbatch read it) --------------------------------------
 
 MAX_RANGE_HOSTS = 65536  # the most hosts SLURM takes in one bracketed range ("Too many hosts in range")

@@ -174,6 +174,43 @@ class StorageConfig:
 
 
 @dataclass
+class ContainerConfig:
+    """The image each node's wrapper and ranks run in (group ``container/``: none, pyxis, apptainer, oci; see
+    docs/containers.md). The run dir, the model and data paths, the Python (``python: host``), the caches and the
+    storage and SLURM files the run needs are mounted at the same paths inside as outside."""
+
+    runtime: str = doc(
+        "none", "`none`, `pyxis` (enroot), `apptainer` (or Singularity) or `oci` (SLURM's `--container`)."
+    )
+    image: str | None = doc(
+        None,
+        "pyxis: an image reference (`nvcr.io#nvidia/pytorch:24.10-py3`) or a `.sqsh` file; apptainer: a `.sif` file "
+        "or sandbox directory; oci: an OCI bundle directory (`config.json` + `rootfs/`) or a root filesystem "
+        "directory.",
+    )
+    python: str = doc(
+        "host",
+        "The wrapper's Python: `host` = the Python planning the run (`cluster.python`), mounted with its "
+        "environment; or the interpreter's path inside the image, which must have swiftslurm and ms-swift.",
+    )
+    mounts: list[str] = doc(
+        [],
+        "More mounts, each `SRC:DST` or `SRC:DST:ro` (absolute paths). The paths the run needs are added by "
+        "themselves unless `derive_mounts` is false.",
+    )
+    derive_mounts: bool = doc(
+        True,
+        "Mount every path the plan needs at the same path inside. false: only `mounts`, and a needed path they "
+        "do not cover is refused with the mount to add.",
+    )
+    env: list[str] = doc([], "More variable names passed into the container (the run's own are passed already).")
+    name: str | None = doc(
+        None, "pyxis: `--container-name`, reused by the job's steps and its requeues; null = the run name."
+    )
+    writable: bool = doc(False, "pyxis: `--container-writable` (the image's root filesystem may be written).")
+
+
+@dataclass
 class ResilienceConfig:
     """What happens after an attempt ends (preemption, time limit, failure): see docs/resilience.md."""
 
@@ -260,6 +297,7 @@ class Config:
     )
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
     preflight: bool = doc(
         False,
         "Run the pre-launch checks (docs/operations.md) on the allocation before the first attempt of each job: "

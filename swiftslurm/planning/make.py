@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import swiftslurm
 from swiftslurm import tiny
 from swiftslurm.engines.base import argv_value, argv_values, as_list
 from swiftslurm.engines.registry import engine_for, engine_for_strategy
@@ -30,6 +31,7 @@ from swiftslurm.plan import (
 )
 from swiftslurm.planning import hardware, hub_ids, memory_plan, node_env, validate
 from swiftslurm.planning.config import Config
+from swiftslurm.planning.container import RunPaths, container_spec
 from swiftslurm.rundir import layout as rundir
 
 
@@ -70,6 +72,22 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
     memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
     validate.check_shrink(cfg, topology, parallel, batch, swift_args)
     launcher = engine.launcher
+    container = container_spec(
+        cfg.container,
+        RunPaths(
+            run_dir=str(run_dir),
+            python=python,
+            data=_local_paths(swift_args),
+            tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg, datasets) else None,
+            uses_storage=cfg.storage.kind != "none",
+            gpus=topology.gpus_per_node > 0,
+            package_dir=str(Path(swiftslurm.__file__).resolve().parent.parent),
+        ),
+        ctx.env,
+        cfg.cluster.scheduler,
+    )
+    if container is not None and container.python_from == "image":
+        python = cfg.container.python  # the wrapper and ms-swift's entry points are the image's
     return JobPlan(
         run_name=run_name,
         run_dir=str(run_dir),
@@ -92,6 +110,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         resilience=Resilience(**vars(cfg.resilience), signal_lead_s=cfg.cluster.signal_lead_s),
         storage=_storage(cfg, run_name),
         preflight=_preflight(cfg, swift_args),
+        container=container,
     )
 
 
@@ -184,10 +203,13 @@ def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
     need = cfg.preflight_min_free_gb
     if need is None:
         need = min_free_gb(cfg.model.params_b, cfg.strategy.tuner_type)
-    # Absolute paths only: hub ids are downloaded, not looked for on the nodes; `#N` picks a subset.
+    return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), _local_paths(swift_args))
+
+
+def _local_paths(swift_args: dict[str, Any]) -> tuple[str, ...]:
+    """The model and dataset paths the nodes read (absolute only: hub ids are downloaded; `#N` picks a subset)."""
     paths = [str(swift_args["model"]), *(str(d).split("#")[0] for d in as_list(swift_args.get("dataset")))]
-    local = tuple(dict.fromkeys(p for p in paths if p.startswith("/")))
-    return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), local)
+    return tuple(dict.fromkeys(p for p in paths if p.startswith("/")))
 
 
 def _storage(cfg: Config, run_name: str) -> StorageSpec | None:

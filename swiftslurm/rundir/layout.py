@@ -94,6 +94,7 @@ PRUNING = ".pruning"  # in output/: checkpoints being deleted by retention, each
 DOWNLOAD_STAGING = ".{checkpoint}.download-"  # in output/: prefix of a restore's temp folder, renamed when whole
 METRICS = "logging.jsonl"  # in output/: ms-swift's per-step records (both engines write it)
 SUBMITIT = "submitit"
+CONTAINER_BUNDLE = "container"  # container=oci: the OCI bundle `srun --container` runs (config.json, rootfs/)
 REPLACED = "replaced"  # <UTC time>/: an earlier run planned with other settings that committed nothing
 SUBMITIT_OUT = "{job}_{task}_log.out"  # in submitit/: the stdout of task <task> (node <task>'s wrapper) of a job
 SUBMITIT_ERR = "{job}_{task}_log.err"  # in submitit/: its stderr
@@ -200,6 +201,10 @@ def resume_file(run_dir: Path, attempt: str) -> Path:
 
 def outcome_file(run_dir: Path, attempt: str) -> Path:
     return attempt_dir(run_dir, attempt) / OUTCOME
+
+
+def container_bundle(run_dir: Path | str) -> Path:
+    return Path(run_dir) / CONTAINER_BUNDLE
 
 
 def preflight_dir(run_dir: Path | str) -> Path:

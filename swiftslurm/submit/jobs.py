@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from swiftslurm import container
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, plan_digest
@@ -62,6 +64,8 @@ def write_run_dir(
     write_atomic(rundir.plan_digest_file(run_dir), plan_digest(plan_text) + "\n", durable)
     if sbatch is not None:
         write_atomic(run_dir / rundir.SBATCH, sbatch, durable)
+    if plan.container is not None and plan.container.runtime == "oci":
+        container.write_oci_bundle(plan)
     return run_dir
 
 
@@ -107,7 +111,7 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
         "slurm_signal_delay_s": int(spec.signal.split("@")[1]),
         "slurm_setup": [*plan.setup, *task_count_lines(plan)],
         "slurm_additional_parameters": extra,
-        "slurm_srun_args": ["--kill-on-bad-exit=1"],
+        "slurm_srun_args": ["--kill-on-bad-exit=1", *container.srun_args(plan)],
     }
     optional = {
         "cpus_per_task": spec.cpus_per_task,
@@ -127,7 +131,9 @@ def make_executor(plan: JobPlan, folder: Path | None = None) -> submitit.AutoExe
     if plan.scheduler == "local":
         executor = submitit.AutoExecutor(folder=folder, cluster="local")
     else:
-        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_python=plan.python)
+        # submitit runs `<slurm_python> -u -m submitit.core._submit FOLDER`: the container's command goes in front
+        python = shlex.join(container.python_argv(plan))
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_python=python)
     executor.update_parameters(**executor_parameters(plan))
     return executor
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swiftslurm import container
 from swiftslurm.ckpt.checkpoint import disk_policy, newest_checkpoint
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.plan import JobPlan
@@ -95,6 +96,8 @@ def dry_run_report(plan: JobPlan) -> str:
     sections = [("plan", describe_plan(plan))]
     if plan.slurm:
         sections.append((SBATCH, render_sbatch(plan).rstrip()))
+    if plan.container:
+        sections.append((f"container ({plan.container.runtime})", container.describe(plan.container, plan)))
     where = (
         f"example allocation: SLURM_JOB_ID={EXAMPLE_JOB_ID}, hosts node001..; MASTER_PORT = "
         f"{plan.master_port_base} + job id mod 20000"
