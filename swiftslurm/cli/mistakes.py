@@ -244,6 +244,10 @@ def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
         return f"{given} is not a list. HINT: write it in brackets: {key}=[{','.join(items)}]."
     if value.strip().lower() in ("null", "none", "~"):  # an unset: the configured value is the likely wish
         return f"{given}: {key} cannot be null. HINT: leave {key} out to keep its configured value, or give it {kind}."
+    if any(o.lstrip("+").startswith("recipe=") for o in overrides):
+        # A recipe sets many values together: the schema's default may not fit the rest of it (tp=1 with
+        # sequence parallelism), and the recipe's own value is the likely wish.
+        return f"{given} is not {kind}. HINT: leave {key} out to keep the recipe's value, or give it {kind}."
     example = _default_of(key)
     shown = (
         f", e.g. {key}={str(example).lower() if isinstance(example, bool) else example}" if example is not None else ""

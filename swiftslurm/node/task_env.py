@@ -8,22 +8,25 @@ import os
 import socket
 import sys
 
-from swiftslurm.errors import NodeError
+from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.slurm_env import slurm_hostnames, task_variables_by_host
 
+USAGE = "takes the program to start and its arguments. HINT: python -m swiftslurm.node.task_env PYTHON -m ..."
 
-def main(argv: list[str]) -> None:
+
+def main(argv: list[str]) -> int:
     if not argv:
-        sys.exit("usage: python -m swiftslurm.node.task_env PROGRAM [ARGS...]")
+        return report(USAGE)
     try:
         restored = task_variables_by_host(os.environ, socket.gethostname(), slurm_hostnames)
-    except NodeError as err:
-        sys.exit(f"swiftslurm: {err}")
+    except SwiftSlurmError as err:
+        return report(err)
     if changed := {k: v for k, v in restored.items() if os.environ.get(k) != v}:
         shown = " ".join(f"{k}={os.environ.get(k, '(unset)')}→{v}" for k, v in changed.items())
         print(f"[swiftslurm] this container task's SLURM variables, set from the node list: {shown}", flush=True)
     os.execvpe(argv[0], argv, {**os.environ, **restored})
+    return 0  # not reached: exec replaced this process
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

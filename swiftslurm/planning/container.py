@@ -53,7 +53,7 @@ class RunPaths:
 
     run_dir: str
     python: str  # the planning Python (cluster.python or this interpreter)
-    data: tuple[str, ...]  # absolute model and dataset paths
+    data: tuple[tuple[str, str], ...]  # (path, why): the absolute paths ms-swift is given (model, data, plugins)
     tiny_cache: str | None
     uses_storage: bool
     gpus: bool
@@ -86,7 +86,7 @@ def container_spec(
     given = tuple(parse_mount(text) for text in cfg.mounts)
     needs = needed_paths(cfg.runtime, paths, python_from, env)
     mounts = _derive(given, needs) if cfg.derive_mounts else _check_covered(given, needs)
-    _check_same_paths(mounts, needs)
+    _check_writable(mounts, needs)
     names = [*cfg.env, *(name for name in STORAGE_ENV if paths.uses_storage and name in env)]
     for name in cfg.env:
         if not _ENV_NAME.match(str(name)):
@@ -185,7 +185,7 @@ def parse_mount(text: str) -> Mount:
 def needed_paths(runtime: str, paths: RunPaths, python_from: str, env: Mapping[str, str]) -> list[Need]:
     """Every path the run uses inside the container, in the order a refusal names them."""
     needs = [Need(paths.run_dir, "the run dir", read_only=False)]
-    needs += [Need(p, "model or data") for p in paths.data]
+    needs += [Need(path, why) for path, why in paths.data]
     if paths.tiny_cache:
         needs.append(Need(paths.tiny_cache, "the tiny model and data swiftslurm builds", read_only=False))
     if python_from == "host":
@@ -207,7 +207,18 @@ def needed_paths(runtime: str, paths: RunPaths, python_from: str, env: Mapping[s
     if runtime == "oci":  # pyxis (enroot) and apptainer bring these in themselves
         needs += [Need(p, "the other nodes' names") for p in ("/etc/hosts", "/etc/resolv.conf") if Path(p).exists()]
         needs.append(Need("/dev/shm", "shared memory between the ranks", read_only=False))
-    return needs
+    return [*needs, *_link_targets(needs)]
+
+
+def _link_targets(needs: list[Need]) -> list[Need]:
+    """Where a needed path leads through symlinks (a venv or home that is a link): inside the container the link
+    is followed too, so its target must be there as well."""
+    linked = []
+    for need in needs:
+        real = str(Path(need.path).resolve())
+        if real != need.path and Path(need.path).exists():
+            linked.append(Need(real, f"{need.why} (where {need.path} links to)", need.read_only))
+    return linked
 
 
 def _python_paths(python: str, package_dir: str) -> list[Need]:
@@ -248,40 +259,39 @@ def _under(path: str, folder: str) -> bool:
 
 
 def _derive(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, ...]:
-    """The user's mounts, then one for each needed path no mount covers yet (a writable path under a read-only
-    mount gets its own); parents before children, as the runtimes mount them in order."""
+    """The user's mounts, then one for each needed path no mount shows at the same path (a writable path under a
+    read-only mount of ours gets its own); parents before children, as the runtimes mount them in order."""
     mounts = list(given)
     for need in sorted(needs, key=lambda n: (n.path.count("/"), n.path)):
         holder = _covering(mounts, need.path)
-        if holder is None or (holder.read_only and not need.read_only and holder.why != "container.mounts"):
+        moved = holder is not None and holder.source != holder.target  # the user's mount shows other files there
+        if holder is None or moved or (holder.read_only and not need.read_only and holder.why != "container.mounts"):
             mounts.append(Mount(need.path, need.path, need.read_only, need.why))
     return tuple(sorted(mounts, key=lambda m: (m.target.count("/"), m.target)))
 
 
 def _check_covered(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, ...]:
-    """container.derive_mounts=false: each needed path must be under one of the user's mounts."""
+    """container.derive_mounts=false: each needed path must be under one of the user's mounts, at the same path
+    inside and out: plan.json, the checkpoints' manifests, the resume point and `status` on the login node all
+    name paths as the nodes do."""
     for need in needs:
-        if _covering(given, need.path) is None:
-            mode = ":ro" if need.read_only else ""
+        holder = _covering(given, need.path)
+        add = f"HINT: add container.mounts+=['{need.path}:{need.path}{':ro' if need.read_only else ''}']"
+        if holder is None:
             raise ConfigError(
-                f"{need.path} ({need.why}) would not be seen inside the container: no container.mounts entry holds it. "
-                f"HINT: add container.mounts+=['{need.path}:{need.path}{mode}'], or set container.derive_mounts=true."
+                f"{need.path} ({need.why}) would not be seen inside the container: no container.mounts entry holds "
+                f"it. {add}, or set container.derive_mounts=true."
+            )
+        if holder.source != holder.target:
+            raise ConfigError(
+                f"container.mounts maps {holder.source} to {holder.target}, so {need.path} ({need.why}) would be "
+                f"another path inside the container than outside. {add}, or set container.derive_mounts=true."
             )
     return tuple(sorted(given, key=lambda m: (m.target.count("/"), m.target)))
 
 
-def _check_same_paths(mounts: tuple[Mount, ...], needs: list[Need]) -> None:
-    """Paths are the same inside and out: plan.json, checkpoints' manifests, the resume point and `status` on the
-    login node all name them as the nodes do."""
-    for need in needs:
-        holder = _covering(mounts, need.path)
-        if holder is None or holder.source == holder.target:
-            continue
-        raise ConfigError(
-            f"container.mounts maps {holder.source} to {holder.target}, so {need.path} ({need.why}) would be another "
-            "path inside the container than outside. HINT: mount it at the same path: "
-            f"'{holder.source}:{holder.source}'."
-        )
+def _check_writable(mounts: tuple[Mount, ...], needs: list[Need]) -> None:
+    """A path the run writes is not under a read-only mount of the user's."""
     for mount in mounts:
         if mount.read_only and not all(n.read_only for n in needs if _covering(mounts, n.path) is mount):
             writable = next(n for n in needs if _covering(mounts, n.path) is mount and not n.read_only)

@@ -77,7 +77,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         RunPaths(
             run_dir=str(run_dir),
             python=python,
-            data=_local_paths(swift_args),
+            data=_paths_given(swift_args),
             tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg, datasets) else None,
             uses_storage=cfg.storage.kind != "none",
             gpus=topology.gpus_per_node > 0,
@@ -204,6 +204,18 @@ def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
     if need is None:
         need = min_free_gb(cfg.model.params_b, cfg.strategy.tuner_type)
     return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), _local_paths(swift_args))
+
+
+def _paths_given(swift_args: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(path, why) for every absolute path ms-swift is given that exists here (the model, the data, a plugin, a
+    DeepSpeed config): a container must see each. Paths not there yet are the run's outputs, in the run dir."""
+    given: dict[str, str] = {}
+    for name, value in swift_args.items():
+        for item in as_list(value):
+            path = str(item).split("#")[0]
+            if path.startswith("/") and Path(path).exists():
+                given.setdefault(path, f"ms-swift's --{name}")
+    return tuple(given.items())
 
 
 def _local_paths(swift_args: dict[str, Any]) -> tuple[str, ...]:

@@ -18,8 +18,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "swiftslurm"
 # What the node side may load of swiftslurm: the wrapper and what both sides share.
-NODE_MAY_LOAD = {"", "node", "plan", "errors", "signals", "secrets", "tiny", "render", "slurm", "slurm_env",
-                 "rundir", "ckpt", "engines", "storage", "preflight"}  # fmt: skip
+NODE_MAY_LOAD = {"", "node", "plan", "errors", "signals", "secrets", "tiny", "render", "container", "slurm",
+                 "slurm_env", "rundir", "ckpt", "engines", "storage", "preflight"}  # fmt: skip
 LOGIN_ONLY = {"planning", "submit", "sweep", "ops", "cli", "launch", "__main__"}
 THIRD_PARTY_LOGIN = ("hydra", "omegaconf", "submitit")
 # submitit pickles the node's entry point by its name: the login side names it (imported where the job is built,
