@@ -85,10 +85,12 @@ def processes_of(run_dir: Path) -> list[Seen]:
 
 
 def _role(argv: list[str], run_dir: Path) -> str | None:
-    line = " ".join(argv)
-    if "submitit.core._submit" in line and str(run_dir) in line:
+    """Python processes only: srun's and torchrun's command lines name the same script and run dir."""
+    if not Path(argv[0]).name.startswith("python") or str(run_dir) not in " ".join(argv):
+        return None
+    if argv[1:3] == ["-u", "-m"] and argv[3] == "submitit.core._submit":
         return "wrapper"
-    if any(a.endswith("swift/cli/sft.py") for a in argv) and str(run_dir) in line:
+    if argv[1:2] == ["-u"] and argv[2].endswith("swift/cli/sft.py"):
         return "rank"
     return None
 
