@@ -2,9 +2,10 @@
 
 RUN_DIR is a prepared run directory (`python -m swiftslurm ... dry_run=true run_dir=RUN_DIR`). On SLURM this
 writes RUN_DIR/preflight/job.sbatch, which asks for the training job's allocation (nodes, partition, GPUs,
-account, ...) with a short time limit and runs only `python -m swiftslurm.preflight.gather` on every node,
-submits it, waits for it and prints node 0's report. With the local scheduler the checks run here. Exit status:
-0 all passed, 1 a check failed, 2 the checks could not run. What is checked: docs/operations.md#preflight.
+account, ...) with a short time limit and runs only `python -m swiftslurm.preflight.gather` on every node (in
+the run's container, if it has one), submits it, waits for it and prints node 0's report. With the local
+scheduler the checks run here. Exit status: 0 all passed, 1 a check failed, 2 the checks could not run. What is
+checked: docs/operations.md#preflight.
 """
 
 from __future__ import annotations
