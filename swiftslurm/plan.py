@@ -130,6 +130,25 @@ class PreflightSpec:
 
 
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "oci")
+# The distributions a run records its versions of (JobPlan.versions) and preflight finds in the container.
+PLANNED_WITH = ("swiftslurm", "ms-swift")
+
+
+def installed_versions(distributions: tuple[str, ...] = PLANNED_WITH) -> dict[str, str]:
+    """The version of each distribution installed for this Python (left out when not installed). Read from the
+    installed metadata: importing ms-swift takes seconds and pulls in torch. swiftslurm run from a source folder
+    on PYTHONPATH has no metadata: then the running code's own version."""
+    from importlib import metadata
+
+    import swiftslurm
+
+    found = {"swiftslurm": swiftslurm.__version__} if "swiftslurm" in distributions else {}
+    for name in distributions:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 @dataclass(frozen=True)
@@ -194,11 +213,19 @@ class JobPlan:
     storage: StorageSpec | None = None  # where committed checkpoints are uploaded; never credentials
     preflight: PreflightSpec = field(default_factory=PreflightSpec)
     container: ContainerSpec | None = None  # None: the nodes' own environment
+    # (distribution, version) of swiftslurm and ms-swift as installed for the Python that planned the run;
+    # recorded with a container only (preflight checks the image against them). Not part of the identity: an
+    # upgrade of either does not stop a run from resuming its checkpoints.
+    versions: tuple[tuple[str, str], ...] = ()
     version: int = PLAN_VERSION
 
     @property
     def output_dir(self) -> Path:
         return rundir.output_dir(self.run_dir)
+
+    def planned_version(self, distribution: str) -> str | None:
+        """The version of ``distribution`` the run was planned with; None when not recorded."""
+        return dict(self.versions).get(distribution)
 
     def batch_on(self, nodes: int) -> BatchPlan:
         """The batch of an attempt on ``nodes`` nodes (fewer than planned: `resilience.min_nodes`)."""

@@ -350,6 +350,23 @@ def node_states(hosts: list[str]) -> dict[str, str]:
     return states
 
 
+# Preflight asks these on every node within its own timeout: briefly, twice at most.
+PREFLIGHT = Retry(timeout_s=10.0, tries=2, first_pause_s=1.0, budget_s=20.0)
+
+
+def client_version(retry: Retry = PREFLIGHT) -> str:
+    """The version of the `scontrol` on PATH ("22.05.8" of "slurm-wlm 22.05.8"): the client's own, asking no one."""
+    words = run(["scontrol", "--version"], retry).split()
+    return words[-1] if words else ""
+
+
+def node_version(node: str, retry: Retry = PREFLIGHT) -> str:
+    """The version of the slurmd on ``node``, as slurmctld reports it (`scontrol show node`): asking it proves
+    that this client reads slurm.conf, authenticates through munge and speaks the controller's protocol."""
+    out = run(["scontrol", "show", "node", "-o", node], retry)
+    return dict(re.findall(r"(\w+)=(\S+)", out)).get("Version", "")
+
+
 def partition_size(partition: str | None) -> int:
     """How many nodes the partition has (the cluster's default partition when None)."""
     rows = [line.split() for line in run(["sinfo", "-h", "-N", "-o", "%N %P"]).splitlines() if line.strip()]

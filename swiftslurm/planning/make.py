@@ -28,6 +28,7 @@ from swiftslurm.plan import (
     SlurmSpec,
     StorageSpec,
     Topology,
+    installed_versions,
 )
 from swiftslurm.planning import hardware, hub_ids, memory_plan, node_env, validate
 from swiftslurm.planning.config import Config
@@ -43,6 +44,7 @@ class PlanContext:
     python: str = field(default_factory=lambda: sys.executable)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     sweep_point: str | None = None  # in a Hydra sweep (-m): this point's overrides, to name its run
+    versions: dict[str, str] | None = None  # swiftslurm's and ms-swift's; None: as installed for this Python
 
 
 def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
@@ -111,7 +113,14 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         storage=_storage(cfg, run_name),
         preflight=_preflight(cfg, swift_args),
         container=container,
+        versions=_planned_versions(ctx) if container is not None else (),
     )
+
+
+def _planned_versions(ctx: PlanContext) -> tuple[tuple[str, str], ...]:
+    """What the run is planned with, for preflight to find in the container (plan.PLANNED_WITH)."""
+    found = ctx.versions if ctx.versions is not None else installed_versions()
+    return tuple(sorted(found.items()))
 
 
 # Bytes per parameter a checkpoint takes: full fine-tuning saves bf16 weights (2) and fp32 Adam state with

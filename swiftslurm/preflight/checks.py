@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from swiftslurm.plan import Mount
+
 NET_HINT = (
     "HINT: open TCP from every node of the allocation to the master port range (cluster.master_port_base + "
     "0..19999) on the first node, and check that NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (cluster.nccl.socket_ifname) "
@@ -233,6 +235,91 @@ def distributed(backend: str, world: int, result: Sequence[float] | None, error:
     if result is None or list(result) != expected:
         return Check(name, False, f"wrong sum over {world} node(s): {result}, expected {expected}.", NET_HINT)
     return Check(name, True, f"{world} node(s), sum {expected} correct")
+
+
+# ---------------------------------------------------------------- the container (plan.container set)
+
+
+def container_started(runtime: str, image: str, os_name: str | None) -> Check:
+    """Made inside the container, so that it is made at all says the container started; the root filesystem's
+    OS name says it is the image's."""
+    return Check("container", True, f"{runtime} {image}: running {os_name or '(no /etc/os-release)'}")
+
+
+def package(distribution: str, planned: str | None, found: str | None, python: str, python_from: str) -> Check:
+    """``distribution`` as installed for the container's Python against the version the run was planned with."""
+    name = f"{distribution} in the container"
+    if found is not None and planned in (None, found):
+        return Check(name, True, f"{distribution} {found} for {python}" + ("" if planned else " (none planned)"))
+    wanted = f"{distribution}=={planned}" if planned else distribution
+    if python_from == "host":
+        fix = (
+            f"HINT: plan the run with that Python ({python} -m swiftslurm ...), or install {wanted} into it; if it "
+            "has it outside, the container does not see its environment (see the dry run's mounts)."
+        )
+    else:
+        fix = f"HINT: install {wanted} in the image, or set container.python=host (the planning Python, mounted)."
+    if found is None:
+        return Check(name, False, f"{distribution} is not installed for {python} inside the container.", fix)
+    return Check(
+        name, False, f"{distribution} {found} is installed for {python} inside the container, planned: {planned}.", fix
+    )
+
+
+def entry_point(path: str, runnable: bool) -> Check:
+    """The `swift`/`megatron` command the ranks start (plan.executable)."""
+    if runnable:
+        return Check("ms-swift command", True, f"{path} is executable")
+    return Check(
+        "ms-swift command",
+        False,
+        f"{path} is not an executable file inside the container.",
+        "HINT: install ms-swift next to the container's Python (its `swift` command goes beside it), or set "
+        "container.python to the interpreter that has it.",
+    )
+
+
+def mounts(results: Sequence[tuple[Mount, str | None]]) -> list[Check]:
+    """One row when the container sees every mount as planned; else one row per mount it does not."""
+    failed = [(m, why) for m, why in results if why is not None]
+    if not failed:
+        rw = sum(not m.read_only for m, _ in results)
+        return [Check("container mounts", True, f"{len(results)} seen, {rw} of them writable")]
+    return [_mount_failure(m, why) for m, why in failed if why is not None]
+
+
+def _mount_failure(mount: Mount, why: str) -> Check:
+    detail = f"{mount.target} {why} inside the container; it is mounted for {mount.why}."
+    if why == "is mounted read-only":
+        hint = f"HINT: mount it writable: container.mounts+=['{mount.source}:{mount.target}'] (no ':ro')."
+    else:
+        hint = (
+            f"HINT: add container.mounts+=['{mount.spec}'] and check that {mount.source} exists on that node "
+            "(the runtime mounts what it finds)."
+        )
+    return Check("container mounts", False, detail, hint)
+
+
+def slurm_client(node: str, client: str | None, cluster: str | None, error: str | None) -> Check:
+    """`scontrol` inside the container: the wrapper requeues the job with it. ``cluster``: the version of
+    ``node``'s slurmd as slurmctld reports it; the releases (22.05 of 22.05.8) must be the same."""
+    name = "scontrol in the container"
+    fix = (
+        "HINT: install SLURM's client{} in the image (the wrapper requeues the job with scontrol from inside), "
+        "with slurm.conf and munge's socket mounted (derived unless container.derive_mounts=false)."
+    )
+    if error is not None or client is None:
+        return Check(name, False, f"scontrol does not work inside the container: {error}.", fix.format(""))
+    if not cluster:
+        return Check(name, True, f"scontrol {client} runs (slurmctld did not report {node}'s version)")
+    if _release(client) != _release(cluster):
+        detail = f"scontrol inside the container is SLURM {client}, {node}'s slurmd is {cluster}."
+        return Check(name, False, detail, fix.format(f" of release {_release(cluster)}"))
+    return Check(name, True, f"scontrol {client} asks slurmctld; {node}'s slurmd is {cluster}")
+
+
+def _release(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def skipped(name: str, why: str) -> Check:

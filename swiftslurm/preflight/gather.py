@@ -35,6 +35,7 @@ from swiftslurm.errors import StorageError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, StorageSpec
 from swiftslurm.preflight import checks as pc
 from swiftslurm.preflight import probe as torch_probe
+from swiftslurm.preflight.image import container_checks
 from swiftslurm.rundir.jsonio import peek_json, read_json, write_json_atomic
 from swiftslurm.rundir.layout import (
     PREFLIGHT_REPORT,
@@ -236,7 +237,7 @@ def _local_checks(ctx: Context) -> list[pc.Check]:
     checks.append(_gpu_check(ctx.plan))
     if ctx.plan.storage is not None:
         checks.append(_store_check(ctx.plan.storage))
-    return checks
+    return checks + container_checks(ctx.plan, ctx.host_of(ctx.where.node_id))  # none without a container
 
 
 def _store_check(spec: StorageSpec) -> pc.Check:

@@ -2,9 +2,10 @@
 
 RUN_DIR is a prepared run directory (`python -m swiftslurm ... dry_run=true run_dir=RUN_DIR`). On SLURM this
 writes RUN_DIR/preflight/job.sbatch, which asks for the training job's allocation (nodes, partition, GPUs,
-account, ...) with a short time limit and runs only `python -m swiftslurm.preflight.gather` on every node,
-submits it, waits for it and prints node 0's report. With the local scheduler the checks run here. Exit status:
-0 all passed, 1 a check failed, 2 the checks could not run. What is checked: docs/operations.md#preflight.
+account, ...) with a short time limit and runs only `python -m swiftslurm.preflight.gather` on every node (in
+the run's container, if it has one), submits it, waits for it and prints node 0's report. With the local
+scheduler the checks run here. Exit status: 0 all passed, 1 a check failed, 2 the checks could not run. What is
+checked: docs/operations.md#preflight.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from swiftslurm import errors
+from swiftslurm import container, errors
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import NodeError, SubmitError, SwiftSlurmError
 from swiftslurm.plan import JobPlan
@@ -52,10 +53,11 @@ def render_preflight_sbatch(plan: JobPlan, timeout_s: float) -> str:
     lines = ["#!/bin/bash", f"# swiftslurm preflight of run {plan.run_name}: generated from plan.json."]
     lines += [f"#SBATCH --{k}={sbatch_value(k, v)}" if v else f"#SBATCH --{k}" for k, v in pairs]
     lines += ["", "set -eo pipefail", *plan.setup, "set -u", ""]
-    node = [plan.python, "-m", "swiftslurm.preflight.gather", plan.run_dir]
+    # In the run's container, as the wrapper would be: what is checked is where training runs.
+    node = [*container.python_argv(plan), "-m", "swiftslurm.preflight.gather", plan.run_dir]
     node += ["--port-base", str(plan.master_port_base), "--timeout", str(timeout_s)]
     # Every node must finish its checks: --kill-on-bad-exit=0 so node 0's failure does not end the others.
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--unbuffered", *node]
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--unbuffered", *container.srun_args(plan), *node]
     return "\n".join([*lines, shlex.join(srun)]) + "\n"
 
 
