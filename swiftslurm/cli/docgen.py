@@ -28,6 +28,7 @@ SECTIONS = [
     ("`cluster.nccl`", "cluster.nccl.", config.NcclConfig),
     ("`resilience`", "resilience.", config.ResilienceConfig),
     ("`storage/`", "storage.", config.StorageConfig),
+    ("`container/`", "container.", config.ContainerConfig),
 ]
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -126,6 +127,7 @@ GROUPS = [
     ("task", "task=NAME"),
     ("cluster", "+cluster=NAME"),
     ("storage", "storage=NAME"),
+    ("container", "container=NAME"),
 ]
 
 

@@ -66,6 +66,9 @@ COMPANIONS = {
     "task=megatron_pt": ["strategy=megatron", *HUB_MODEL],
     "task=megatron_sft": ["strategy=megatron", *HUB_MODEL],
     "storage=s3": ["storage.bucket=fuzz-bucket"],
+    "container=pyxis": ["+cluster=local-slurm", "container.image='nvcr.io#nvidia/pytorch:24.10-py3'"],
+    "container=apptainer": ["+cluster=local-slurm", "container.image={tmp}/ms-swift.sif"],
+    "container=oci": ["+cluster=local-slurm", "container.image={tmp}/rootfs"],
 }
 TINY_CONFIG = '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}'
 
@@ -193,6 +196,8 @@ class Fuzzer:
         (self.root / "model" / "config.json").write_text(TINY_CONFIG)
         (self.root / "train.jsonl").write_text('{"messages": []}\n')
         (self.root / "home").mkdir()
+        (self.root / "ms-swift.sif").write_text("")  # container=apptainer's image: any file
+        (self.root / "rootfs" / "usr").mkdir(parents=True)  # container=oci's: a root filesystem
 
     def base_args(self, base: Base) -> list[str]:
         return [o.replace("{tmp}", str(self.root)) for o in base.overrides]
@@ -300,6 +305,14 @@ def names_field(field: str, output: str) -> bool:
     return field.lower() in text or field.rsplit(".", 1)[-1].lower() in text
 
 
+def refuses_field(field: str, output: str) -> bool:
+    """The refusal is of the field itself (its message begins with it), not of another field's rule that names it
+    (`strategy.sequence_parallel=true ... but tp=1`)."""
+    subject = output.strip().removeprefix(PREFIX).lstrip(" '`").lower()
+    names = {field, "swift." + field.rpartition(".swift.")[2]} if ".swift." in field else {field}
+    return any(subject.startswith(name.lower()) for name in names)
+
+
 def sample(fuzzer: Fuzzer) -> list[Case]:
     """Every field of every base, each with one value of KINDS_PER_FIELD kinds (SWIFTSLURM_FUZZ=all: every value);
     a field of the schema is tried on a base chosen at random, a free-form key on a base that sets it."""
@@ -356,8 +369,8 @@ def judge(fuzzer: Fuzzer, case: Case, fixes_tried: set[tuple[str, str]]) -> list
     (fix, example), _ = given, fixes_tried.add((case.base.name, given[0]))
     fixed = fuzzer.run(case.base, fix)
     # A fix must plan; an example of the kind of value (ms-swift's default) must at least be one for its field:
-    # whether the default fits this plan's memory is another check's to say.
-    if fixed.code != 0 and not (example and not names_field(case.field, fixed.output)):
+    # whether the default fits this plan's memory, or another field's rule, is another check's to say.
+    if fixed.code != 0 and not (example and not refuses_field(case.field, fixed.output)):
         found.append(f"{case}: its HINT's {fix} is refused too\n    {fixed.output.strip()[:600]}")
     return found
 
