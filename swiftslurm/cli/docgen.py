@@ -127,6 +127,7 @@ GROUPS = [
     ("task", "task=NAME"),
     ("cluster", "+cluster=NAME"),
     ("storage", "storage=NAME"),
+    ("container", "container=NAME"),
 ]
 
 

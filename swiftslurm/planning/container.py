@@ -87,7 +87,10 @@ def container_spec(
     needs = needed_paths(cfg.runtime, paths, python_from, env)
     mounts = _derive(given, needs) if cfg.derive_mounts else _check_covered(given, needs)
     _check_writable(mounts, needs)
+    _check_system_folders(mounts)
     names = [*cfg.env, *(name for name in STORAGE_ENV if paths.uses_storage and name in env)]
+    # The cache mounts are at the host's values; pyxis lets an image's own HF_HOME & co win unless passed by name.
+    names += [name for name in CACHE_ENV if env.get(name, "").startswith("/")]
     for name in cfg.env:
         if not _ENV_NAME.match(str(name)):
             raise ConfigError(
@@ -288,6 +291,21 @@ def _check_covered(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, 
                 f"another path inside the container than outside. {add}, or set container.derive_mounts=true."
             )
     return tuple(sorted(given, key=lambda m: (m.target.count("/"), m.target)))
+
+
+# The image's own system folders: a mount there replaces the image's libraries and commands with the host's.
+SYSTEM_FOLDERS = ("/", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/var", "/opt")
+
+
+def _check_system_folders(mounts: tuple[Mount, ...]) -> None:
+    """A venv made from the host's /usr/bin/python3 links there: mounting the host's /usr hides the image's."""
+    for mount in mounts:
+        if mount.target in SYSTEM_FOLDERS:
+            raise ConfigError(
+                f"{mount.source} ({mount.why}) would be mounted over the image's own {mount.target}, hiding its "
+                "libraries and commands. HINT: plan with a Python installed outside /usr (conda, uv or pyenv, on a "
+                "filesystem the nodes share), or run the image's: container.python=/usr/bin/python3."
+            )
 
 
 def _check_writable(mounts: tuple[Mount, ...], needs: list[Need]) -> None:

@@ -77,6 +77,10 @@ def prepare(case: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) ->
         (tmp / "plandir" / "plan.json").mkdir(parents=True)
     elif setup == "dataset":
         (tmp / "train.jsonl").write_text('{"messages": []}\n')
+    elif setup == "sif":  # container=apptainer's image: any file
+        (tmp / "ms-swift.sif").write_text("")
+    elif setup == "rootfs":  # container=oci's: a root filesystem
+        (tmp / "rootfs" / "usr").mkdir(parents=True)
     elif setup == "models_dir":
         (tmp / "models" / "qwen").mkdir(parents=True)
     elif setup in MODEL_CONFIGS:

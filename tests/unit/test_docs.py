@@ -15,16 +15,8 @@ def test_configuration_reference_is_current() -> None:
     assert current == docgen.render(), "run: python -m swiftslurm.cli.docgen > docs/configuration.md"
 
 
-NESTED = {
-    "model",
-    "strategy",
-    "task",
-    "cluster",
-    "nccl",
-    "resilience",
-    "storage",
-    "container",
-}  # documented as their own sections
+# documented as their own sections
+NESTED = {"model", "strategy", "task", "cluster", "nccl", "resilience", "storage", "container"}
 
 
 def test_every_schema_field_is_documented() -> None:

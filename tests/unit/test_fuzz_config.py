@@ -66,9 +66,9 @@ COMPANIONS = {
     "task=megatron_pt": ["strategy=megatron", *HUB_MODEL],
     "task=megatron_sft": ["strategy=megatron", *HUB_MODEL],
     "storage=s3": ["storage.bucket=fuzz-bucket"],
-    "container=pyxis": ["+cluster=a100x8", "container.image='nvcr.io#nvidia/pytorch:24.10-py3'"],
-    "container=apptainer": ["+cluster=a100x8", "container.image={tmp}/image"],
-    "container=oci": ["+cluster=a100x8", "container.image={tmp}/image"],
+    "container=pyxis": ["+cluster=local-slurm", "container.image='nvcr.io#nvidia/pytorch:24.10-py3'"],
+    "container=apptainer": ["+cluster=local-slurm", "container.image={tmp}/ms-swift.sif"],
+    "container=oci": ["+cluster=local-slurm", "container.image={tmp}/rootfs"],
 }
 TINY_CONFIG = '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}'
 
@@ -196,7 +196,8 @@ class Fuzzer:
         (self.root / "model" / "config.json").write_text(TINY_CONFIG)
         (self.root / "train.jsonl").write_text('{"messages": []}\n')
         (self.root / "home").mkdir()
-        (self.root / "image" / "usr").mkdir(parents=True)  # a root filesystem for container=oci
+        (self.root / "ms-swift.sif").write_text("")  # container=apptainer's image: any file
+        (self.root / "rootfs" / "usr").mkdir(parents=True)  # container=oci's: a root filesystem
 
     def base_args(self, base: Base) -> list[str]:
         return [o.replace("{tmp}", str(self.root)) for o in base.overrides]
