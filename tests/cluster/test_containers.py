@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from swiftslurm.rundir.layout import PREFLIGHT_REPORT, preflight_dir
+from swiftslurm.submit.preflight import read_report
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import (
     attempts,
@@ -116,7 +118,7 @@ def test_a_preempted_run_in_oci_containers_resumes_in_new_ones_and_ends_identica
     run_dir = tmp_path / "run"
     gate = (f"swift.external_plugins=[{GATE_PLUGIN}]", "swift.callbacks=[gate]")
     held = f"+cluster.env.SWIFTSLURM_TEST_GATE_STEP={HELD_STEP}"
-    job = submit(run_dir, "container=oci", f"container.image={oci_image}", *LONG, *gate, held)
+    job = submit(run_dir, "container=oci", f"container.image={oci_image}", "preflight=true", *LONG, *gate, held)
     image = (oci_image / "rootfs" / IMAGE_MARK).read_text().strip()
 
     preempt_at_steps(run_dir, job, [PREEMPT_STEP])
@@ -138,6 +140,28 @@ def test_a_preempted_run_in_oci_containers_resumes_in_new_ones_and_ends_identica
     assert last["job_id"] == first["job_id"] and last["resumed_from"].endswith(f"checkpoint-{first['committed_step']}")
     assert status(run_dir)["state"] == "finished"
     assert (run_dir / ADAPTER).read_bytes() == uninterrupted
+    assert_preflight_checked_the_container(run_dir)
+
+
+CONTAINER_CHECKS = {
+    "container",
+    "swiftslurm in the container",
+    "ms-swift in the container",
+    "container mounts",
+    "scontrol in the container",
+}
+
+
+def assert_preflight_checked_the_container(run_dir: Path) -> None:
+    """preflight=true ran its container rows inside the container on both nodes, and they passed."""
+    reports = sorted(preflight_dir(run_dir).glob(f"*/{PREFLIGHT_REPORT}"))
+    assert reports, "no preflight report"
+    for path in reports:
+        report = read_report(path)
+        assert report is not None and report.ok, (path, report and report.first_failure())
+        for node in report.nodes:
+            names = {c.name for c in node.checks}
+            assert names >= CONTAINER_CHECKS, (node.host, sorted(names))
 
 
 def test_a_path_the_container_would_not_see_is_refused_at_plan_time(tmp_path: Path, oci_image: Path) -> None:

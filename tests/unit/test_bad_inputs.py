@@ -219,13 +219,16 @@ def test_the_corpus_covers_every_category_with_at_least_100_inputs() -> None:
         assert needed in categories
 
 
-# Issue 27's refusals without a written `fix`: the settings their HINT proposes first (before any "or"; values, not
-# placeholders such as NAME or PATH) are applied together to the case's own argv, in place of what it gave those
-# keys, as a user would retype it; the result may be refused for another reason, but never for what was proposed.
+# Issues 27's and 28's refusals without a written `fix`: the settings their HINT proposes first (before any "or";
+# values, not placeholders such as NAME or PATH) are applied together to the case's own argv, in place of what it
+# gave those keys, as a user would retype it; the result may be refused for another reason, but never for what was
+# proposed.
 HINT_SETTING = re.compile(r"`?\+?([A-Za-z_][\w.-]*)=(\[[^\]]*\]|[^\s`,;)'\"]+)`?")
 PLACEHOLDER = re.compile(r"^[A-Z_:]+$|\.\.\.|^<|path/to|\$|[A-Z]{3,}")
 TOP_LEVEL = {"model", "strategy", "task", "dataset", "storage", "global_batch_size", "micro_batch_size", "run_name"}
-HINTED = [case for case in CORPUS["refused"] if "fix" not in case and str(case.get("category", "")).startswith("27.")]
+HINTED = [
+    case for case in CORPUS["refused"] if "fix" not in case and str(case.get("category", "")).startswith(("27.", "28 "))
+]
 
 
 def first_proposal(output: str) -> list[tuple[str, str]]:
