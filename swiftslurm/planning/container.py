@@ -57,7 +57,7 @@ class RunPaths:
     tiny_cache: str | None
     uses_storage: bool
     gpus: bool
-    package_dir: str  # the folder that holds the swiftslurm package of the planning Python
+    package_dir: str  # the folder that holds the swiftslurm package planning the run (ms-swift's plugin is in it)
 
 
 def container_spec(
@@ -192,7 +192,9 @@ def needed_paths(runtime: str, paths: RunPaths, python_from: str, env: Mapping[s
     if paths.tiny_cache:
         needs.append(Need(paths.tiny_cache, "the tiny model and data swiftslurm builds", read_only=False))
     if python_from == "host":
-        needs += _python_paths(paths.python, paths.package_dir)
+        needs += _python_paths(paths.python)
+    # ms-swift loads swiftslurm's plugin by its path, so the planning side's copy is there in both cases
+    needs.append(Need(paths.package_dir, "swiftslurm's code (ms-swift loads its plugin by path)"))
     home_cache = Path(env.get("HOME", "/nonexistent")) / ".cache"
     if home_cache.is_dir():
         needs.append(Need(str(home_cache), "ms-swift's and Hugging Face's caches", read_only=False))
@@ -224,16 +226,14 @@ def _link_targets(needs: list[Need]) -> list[Need]:
     return linked
 
 
-def _python_paths(python: str, package_dir: str) -> list[Need]:
-    """The planning Python's environment: the venv (or prefix) it runs in, the interpreter a venv links to, and
-    the folder swiftslurm is imported from when it is not installed into either (an editable install)."""
+def _python_paths(python: str) -> list[Need]:
+    """The planning Python's environment: the venv (or prefix) it runs in, and the interpreter a venv links to."""
     exe = Path(python)
     prefix = exe.parent.parent
     base = exe.resolve().parent.parent
     needs = [Need(str(prefix), "container.python=host: its environment")]
     if base != prefix:
         needs.append(Need(str(base), "container.python=host: the interpreter its environment links to"))
-    needs.append(Need(package_dir, "container.python=host: swiftslurm's code"))
     return needs
 
 
@@ -249,6 +249,12 @@ def _slurm_paths(env: Mapping[str, str]) -> list[Need]:
     if socket_dir:
         needs.append(Need(socket_dir, "munge's socket (scontrol authenticates through it)", read_only=False))
     return needs
+
+
+def mount_order(mount: Mount) -> tuple[str, ...]:
+    """The order mounts are made in: a folder before anything in it (its parts are a prefix of theirs); otherwise
+    by name, so the order does not depend on how deep each path lies."""
+    return PurePosixPath(mount.target).parts
 
 
 def _covering(mounts: tuple[Mount, ...] | list[Mount], path: str) -> Mount | None:
@@ -270,7 +276,7 @@ def _derive(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, ...]:
         moved = holder is not None and holder.source != holder.target  # the user's mount shows other files there
         if holder is None or moved or (holder.read_only and not need.read_only and holder.why != "container.mounts"):
             mounts.append(Mount(need.path, need.path, need.read_only, need.why))
-    return tuple(sorted(mounts, key=lambda m: (m.target.count("/"), m.target)))
+    return tuple(sorted(mounts, key=mount_order))
 
 
 def _check_covered(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, ...]:
@@ -290,7 +296,7 @@ def _check_covered(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, 
                 f"container.mounts maps {holder.source} to {holder.target}, so {need.path} ({need.why}) would be "
                 f"another path inside the container than outside. {add}, or set container.derive_mounts=true."
             )
-    return tuple(sorted(given, key=lambda m: (m.target.count("/"), m.target)))
+    return tuple(sorted(given, key=mount_order))
 
 
 # The image's own system folders: a mount there replaces the image's libraries and commands with the host's.

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import swiftslurm
 from swiftslurm import tiny
-from swiftslurm.engines.base import argv_value, argv_values, as_list
+from swiftslurm.engines.base import ENGINES_DIR, argv_value, argv_values, as_list
 from swiftslurm.engines.registry import engine_for, engine_for_strategy
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import (
@@ -79,7 +79,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         RunPaths(
             run_dir=str(run_dir),
             python=python,
-            data=_paths_given(swift_args),
+            data=_paths_given(swift_args, skip=ENGINES_DIR.parent.parent),
             tiny_cache=str(tiny.asset_paths(ctx.env).model_dir.parent) if _uses_tiny(cfg, datasets) else None,
             uses_storage=cfg.storage.kind != "none",
             gpus=topology.gpus_per_node > 0,
@@ -215,14 +215,15 @@ def _preflight(cfg: Config, swift_args: dict[str, Any]) -> PreflightSpec:
     return PreflightSpec(cfg.preflight, float(cfg.preflight_timeout_s), float(need), _local_paths(swift_args))
 
 
-def _paths_given(swift_args: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+def _paths_given(swift_args: dict[str, Any], skip: Path) -> tuple[tuple[str, str], ...]:
     """(path, why) for every absolute path ms-swift is given that exists here (the model, the data, a plugin, a
-    DeepSpeed config): a container must see each. Paths not there yet are the run's outputs, in the run dir."""
+    DeepSpeed config): a container must see each. Paths not there yet are the run's outputs, in the run dir;
+    swiftslurm's own files (its plugins, under ``skip``) come with its code."""
     given: dict[str, str] = {}
     for name, value in swift_args.items():
         for item in as_list(value):
             path = str(item).split("#")[0]
-            if path.startswith("/") and Path(path).exists():
+            if path.startswith("/") and Path(path).exists() and not Path(path).is_relative_to(skip):
                 given.setdefault(path, f"ms-swift's --{name}")
     return tuple(given.items())
 
