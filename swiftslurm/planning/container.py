@@ -110,7 +110,10 @@ def container_spec(
 
 
 IMAGE_EXAMPLES = {
-    "pyxis": "an image reference such as nvcr.io#nvidia/pytorch:24.10-py3, or a .sqsh file",
+    # Hydra reads `#` only inside quotes, and the shell eats one pair: the form a user types is quoted twice
+    "pyxis": (
+        "an image reference, quoted for Hydra: 'container.image=\"nvcr.io#nvidia/pytorch:24.10-py3\"', or a .sqsh file"
+    ),
     "apptainer": "a .sif file or a sandbox directory",
     "oci": "an OCI bundle directory (config.json + rootfs/) or a root filesystem directory",
 }
