@@ -78,6 +78,12 @@ class Allocation:
     width: int  # devices held: nodes × GPUs (or CPU processes) per node
     submit: float | None = None
     from_slurm: bool = True
+    raw_id: str | None = None  # sacct's JobIDRaw where it differs from job_id: an array task's own id
+
+    def carries(self, job_id: str) -> bool:
+        """Whether ``job_id`` names this job: sacct's name (`11_2` for an array task) or its raw id (`14`: what
+        SLURM_JOB_ID, and so the attempt's record, says inside the task)."""
+        return job_id in (self.job_id, self.raw_id)
 
 
 @dataclass(frozen=True)
@@ -319,7 +325,7 @@ def _outside(marks: Sequence[Mark], start: float, end: float) -> float:
 def _holder(allocations: Sequence[Allocation], attempt: AttemptMarks, now: float) -> int | None:
     for i, allocation in enumerate(allocations):
         end = now if allocation.end is None else allocation.end
-        same_job = attempt.job_id is None or attempt.job_id == allocation.job_id
+        same_job = attempt.job_id is None or allocation.carries(attempt.job_id)
         if same_job and allocation.start - SLACK_S <= attempt.began <= end + SLACK_S:
             return i
     return None
