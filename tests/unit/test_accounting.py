@@ -130,6 +130,7 @@ def test_status_of_a_run_shows_its_ledger_and_json_carries_it(
     text = status.render(facts, slurm)
     assert "goodput ledger of run (1 job run(s); allocated from SLURM accounting)" in text
     assert "training, committed" in text and "queue wait 5 s" in text
+    assert "rounding: SLURM's Start/End are whole seconds; the records outside them (0.0 CPU process-seconds)" in text
     assert status.main([str(run_dir), "--json", "--no-slurm"]) == 0
     out = json.loads(capsys.readouterr().out)
     spent = out["runs"][0]["ledger"]["spent_s"]
