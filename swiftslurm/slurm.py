@@ -268,21 +268,24 @@ def accounted_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, 
     return states
 
 
-JOB_RUN_FIELDS = ("JobID", "State", "Submit", "Start", "End", "AllocNodes")
+JOB_RUN_FIELDS = ("JobID", "JobIDRaw", "State", "Submit", "Start", "End", "AllocNodes")
 
 
 def job_runs(job_ids: list[str], retry: Retry = RETRY) -> list[dict[str, Any]]:
     """Every run of these jobs in SLURM's accounting, oldest first: `sacct --duplicates` gives a requeued job
-    one row per run. Each: job_id, state, submit/start/end in seconds since the epoch (None: not yet), nodes."""
+    one row per run. Each: job_id (sacct's JobID: `<array>_<i>` for an array task), raw_id (JobIDRaw: the id
+    SLURM_JOB_ID gives inside the job, the same as job_id but for an array task), state, submit/start/end in
+    seconds since the epoch (None: not yet), nodes. A job may be asked for by either id."""
     argv = ["sacct", "-D", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(JOB_RUN_FIELDS)]
     rows = [line.split("|") for line in run(argv, retry).splitlines()]
     return [_job_run(row) for row in rows if len(row) == len(JOB_RUN_FIELDS)]
 
 
 def _job_run(row: list[str]) -> dict[str, Any]:
-    job, state, submit, start, end, nodes = row
+    job, raw, state, submit, start, end, nodes = row
     return {
         "job_id": job,
+        "raw_id": raw or job,
         "state": state.split()[0] if state else "",  # "CANCELLED by 0" -> CANCELLED
         "submit": _timestamp(submit),
         "start": _timestamp(start),

@@ -68,12 +68,13 @@ def refresh(
     if stale and ask is not None:
         try:
             for row in ask(stale):
-                asked.setdefault(str(row["job_id"]), []).append(row)
+                for job in answered(row, stale):
+                    asked.setdefault(job, []).append(row)
         except (SwiftSlurmError, OSError) as err:
             error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
     result = {}
     for d in run_dirs:
-        fresh = {j: {"rows": asked.get(j, []), "asked_at": now} for j in wanted[d] if j in stale and not error}
+        fresh = {j: _entry(asked.get(j), cached[d].get(j), now) for j in wanted[d] if j in stale and not error}
         entries = {**cached[d], **fresh}
         if fresh:
             _write_cache(d, entries)
@@ -81,10 +82,25 @@ def refresh(
     return result, error
 
 
+def _entry(rows: list[dict[str, Any]] | None, cached: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
+    """A job's cache entry after asking: sacct's rows, or, where it said nothing of a job it once did (purged
+    from its database), the cached ones: what SLURM accounted does not stop having happened."""
+    return {"rows": rows or (cached or {}).get("rows", []), "asked_at": now}
+
+
+def answered(row: Mapping[str, Any], asked: Sequence[str]) -> list[str]:
+    """Which of the ``asked`` job ids a sacct row answers: an array task is asked for by the name submitit gave
+    it (`11_2`, job.json) and by its raw id (`14`, the attempt's record), and its one row answers both."""
+    return [job for job in dict.fromkeys((str(row["job_id"]), str(row.get("raw_id") or row["job_id"]))) if job in asked]
+
+
 def _stale(entry: Mapping[str, Any] | None, now: float) -> bool:
     if entry is None:
         return True
-    return not is_final(entry.get("rows", [])) and now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
+    rows = entry.get("rows", [])
+    if any("raw_id" not in r for r in rows):
+        return True  # cached before sacct's JobIDRaw was read: an array task's attempts could not find it
+    return not is_final(rows) and now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
 
 
 def _read_cache(run_dir: Path) -> dict[str, Any]:
@@ -111,7 +127,7 @@ def run_ledger(
     ``running``: the open attempt is training now (else, without a record, it was lost)."""
     now = time.time() if now is None else now
     devices, unit = plan.devices_per_node()
-    allocations = [a for rows in (jobs or {}).values() for a in allocations_of(rows, devices)]
+    allocations = allocations_of([r for rows in (jobs or {}).values() for r in rows], devices)
     attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in read_attempts(run_dir)]
     opened = _open_attempt(run_dir, {a.attempt for a in attempts})
     if opened is not None:
@@ -120,12 +136,17 @@ def run_ledger(
 
 
 def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledger.Allocation]:
-    """The job runs that held nodes (a job cancelled while it waited never started)."""
-    return [
-        ledger.Allocation(str(r["job_id"]), float(r["start"]), r.get("end"), int(r["nodes"]) * devices, r.get("submit"))
-        for r in rows
-        if r.get("start") is not None and int(r.get("nodes") or 0) > 0
-    ]
+    """The job runs that held nodes (a job cancelled while it waited never started), each once: an array task's
+    row comes under both of its ids (answered), and one run is one (raw id, Start)."""
+    runs: dict[tuple[str, float], ledger.Allocation] = {}
+    for r in rows:
+        if r.get("start") is None or int(r.get("nodes") or 0) <= 0:
+            continue
+        job, raw = str(r["job_id"]), str(r.get("raw_id") or r["job_id"])
+        width = int(r["nodes"]) * devices
+        allocation = ledger.Allocation(job, float(r["start"]), r.get("end"), width, r.get("submit"), raw_id=raw)
+        runs.setdefault((raw, allocation.start), allocation)
+    return list(runs.values())
 
 
 def _events(run_dir: Path, record: AttemptRecord) -> list[dict[str, Any]]:

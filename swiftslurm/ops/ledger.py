@@ -23,8 +23,13 @@ attempt's record (when the wrapper entered each phase, node/attempt.py) and from
 
 Queue wait (Start - Submit of each job run) is not allocated, so it is shown beside the split, not in it;
 so is the requeue hold (a requeued job run's End -> its return to the queue: SLURM's KillWait, during which
-the nodes are held but not accounted). The categories come from the run's own records and SLURM's Start and
-End; `unaccounted` (allocated minus their sum) shows how well the two agree.
+the nodes are held but not accounted).
+
+Every allocated second is in exactly one category: the split counts only what lies between SLURM's Start and
+End of the job run. SLURM keeps those in whole seconds, cut down, while the records are node 0's clock to the
+millisecond, so an attempt's records may reach up to a second past End (and, where node 0's clock runs ahead
+of slurmctld's, begin before Start). That time is not counted in any category; `outside` says how much there
+was, beside the split. `unaccounted` (allocated minus the categories) is what no mark covers: never negative.
 """
 
 from __future__ import annotations
@@ -73,6 +78,12 @@ class Allocation:
     width: int  # devices held: nodes × GPUs (or CPU processes) per node
     submit: float | None = None
     from_slurm: bool = True
+    raw_id: str | None = None  # sacct's JobIDRaw where it differs from job_id: an array task's own id
+
+    def carries(self, job_id: str) -> bool:
+        """Whether ``job_id`` names this job: sacct's name (`11_2` for an array task) or its raw id (`14`: what
+        SLURM_JOB_ID, and so the attempt's record, says inside the task)."""
+        return job_id in (self.job_id, self.raw_id)
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ class Ledger:
     requeue_hold_s: float = 0.0
     job_runs: int = 0
     own_spans: int = 0  # job runs SLURM could not account for (a local run): allocated the attempt's own span
+    outside_s: float = 0.0  # device-seconds of the records outside their job run's Start..End: in no category
 
     @property
     def from_slurm(self) -> bool:
@@ -118,7 +130,9 @@ class Ledger:
 
     @property
     def unaccounted_s(self) -> float:
-        return self.allocated_s - self.accounted_s
+        """Allocated time no category holds. The split never counts more than the allocation (split), so a
+        negative difference is floating-point dust, shown as 0."""
+        return max(0.0, self.allocated_s - self.accounted_s)
 
     @property
     def goodput(self) -> float | None:
@@ -134,6 +148,7 @@ class Ledger:
             self.requeue_hold_s + other.requeue_hold_s,
             self.job_runs + other.job_runs,
             self.own_spans + other.own_spans,
+            self.outside_s + other.outside_s,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -142,6 +157,7 @@ class Ledger:
             "allocated_s": round(self.allocated_s, 1),
             "spent_s": {c: round(self.spent_s.get(c, 0.0), 1) for c in CATEGORIES},
             "unaccounted_s": round(self.unaccounted_s, 1),
+            "outside_s": round(self.outside_s, 1),
             "goodput": None if self.goodput is None else round(self.goodput, 4),
             "queue_wait_s": round(self.queue_wait_s, 1),
             "requeue_hold_s": round(self.requeue_hold_s, 1),
@@ -267,37 +283,49 @@ def compute(
             held[index].append(attempt)
     every = [*allocations, *own]
     spent = dict.fromkeys(CATEGORIES, 0.0)
-    allocated = 0.0
+    allocated = outside = 0.0
     for i, allocation in enumerate(every):
         end = now if allocation.end is None else allocation.end
+        marks = _merged_marks(allocation, held.get(i, []))
         allocated += max(0.0, end - allocation.start) * allocation.width
-        for category, seconds in split(allocation, held.get(i, []), end).items():
+        outside += _outside(marks, allocation.start, end) * allocation.width
+        for category, seconds in split(marks, allocation.start, end).items():
             spent[category] += seconds * allocation.width
     queue, hold = _waits(allocations)
-    return Ledger(unit, allocated, spent, queue, hold, len(every), len(own))
+    return Ledger(unit, allocated, spent, queue, hold, len(every), len(own), outside)
 
 
-def split(allocation: Allocation, attempts: Iterable[AttemptMarks], end: float) -> dict[str, float]:
-    """Wall seconds per category of one allocation: each mark's category holds until the next mark (the last
-    one until the allocation's end). Marks are not moved into the allocation: a record that says an attempt
-    went on after SLURM's End (or began before its Start) counts that time, and the ledger's `unaccounted`
-    shows the disagreement instead of hiding it."""
+def _merged_marks(allocation: Allocation, attempts: Iterable[AttemptMarks]) -> list[Mark]:
+    """The allocation's marks in time order: its Start opens start-up, then every attempt's own."""
     marks = [Mark(allocation.start, "startup")]
     for n, attempt in enumerate(sorted(attempts, key=lambda a: a.began)):
         # A later attempt in the same allocation (a restart in place, a local retry) prepares as part of
         # the restart, not as the job's start-up.
         marks += [Mark(m.at, "restart") if n and m.category == "startup" else m for m in attempt.marks]
-    marks.sort(key=lambda m: m.at)
+    return sorted(marks, key=lambda m: m.at)
+
+
+def split(marks: Sequence[Mark], start: float, end: float) -> dict[str, float]:
+    """Wall seconds per category between ``start`` and ``end``: each mark's category holds until the next mark
+    (the last one until ``end``), counted only inside start..end, so the categories sum to end - start: each
+    second in one category. What the marks say of the time outside (records past SLURM's whole-second End, a
+    node clock ahead of slurmctld's) is in none: _outside measures it."""
     seconds: dict[str, float] = {}
-    for mark, following in zip(marks, [*marks[1:], Mark(end, "")], strict=True):
-        seconds[mark.category] = seconds.get(mark.category, 0.0) + max(0.0, following.at - mark.at)
+    for mark, following in zip(marks, [*marks[1:], Mark(max(end, marks[-1].at), "")], strict=True):
+        inside = max(0.0, min(following.at, end) - max(mark.at, start))
+        seconds[mark.category] = seconds.get(mark.category, 0.0) + inside
     return seconds
+
+
+def _outside(marks: Sequence[Mark], start: float, end: float) -> float:
+    """How far the marks reach outside start..end (wall seconds): before Start and past End together."""
+    return max(0.0, start - marks[0].at) + max(0.0, marks[-1].at - end)
 
 
 def _holder(allocations: Sequence[Allocation], attempt: AttemptMarks, now: float) -> int | None:
     for i, allocation in enumerate(allocations):
         end = now if allocation.end is None else allocation.end
-        same_job = attempt.job_id is None or attempt.job_id == allocation.job_id
+        same_job = attempt.job_id is None or allocation.carries(attempt.job_id)
         if same_job and allocation.start - SLACK_S <= attempt.began <= end + SLACK_S:
             return i
     return None

@@ -158,8 +158,18 @@ def ledger_table(ledger: Ledger, title: str) -> str:
             f"goodput ledger of {title} ({ledger.job_runs} job run(s); allocated from {ledger.allocated_from}):",
             *("  " + line for line in table(rows).splitlines()),
             f"  not allocated: {waits}",
+            *_rounding(ledger),
         ]
     )
+
+
+def _rounding(ledger: Ledger) -> list[str]:
+    """How the split meets SLURM's whole seconds: what the records held outside Start..End is in no category
+    (nothing to say where every allocation is an attempt's own span)."""
+    if ledger.own_spans >= ledger.job_runs:
+        return []
+    outside = f"{ledger.outside_s:.1f} {ledger.unit}-seconds"
+    return [f"  rounding: SLURM's Start/End are whole seconds; the records outside them ({outside}) are not counted"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The goodput ledger on the real local SLURM cluster with real ms-swift: a 2-node run preempted twice
-(time-compressed: at steps, every step at least STEP_FLOOR_S long) and one whose worker crashes; the ledger's
-categories add up to SLURM's accounting of the allocation, in `status` and in `status --json`."""
+(time-compressed: at steps, every step at least STEP_FLOOR_S long), one whose worker crashes, and a job array's
+tasks; the ledger's categories add up to SLURM's accounting of the allocation, in `status` and `status --json`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from swiftslurm.rundir.sweepdir import read_points
 from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts, preempt_at_steps, submit, wait_for_job
 
@@ -24,9 +25,8 @@ RUN = ("swift.max_steps=80", "swift.save_steps=20")
 # SLURM keeps a job run's Start and End in whole seconds, cut down (time_t), while the run's own marks are the
 # wrapper's and the trainer's clock to the millisecond: an attempt that concludes in the last fraction of a
 # second before SLURM ends its job run (the requeue, the batch script's exit) has marks up to 1 s past the End
-# SLURM reports. The ledger counts that time (it never moves marks into the allocation), so its categories may
-# exceed the allocation by under 1 s per job run and node; never by more, and never fall short of it (the
-# allocation's Start opens start-up, the last mark holds until its End).
+# SLURM reports. The ledger counts none of it (`outside_s` says how much there was), so its categories add up
+# to the allocation exactly; on this one machine (one clock) the records reach at most that second outside.
 SLURM_ROUNDING_S = 1.0
 JSON_ROUNDING_S = 0.05  # `status --json` rounds every figure to 0.1
 
@@ -63,8 +63,10 @@ def assert_adds_up(ledger: dict[str, Any], job: str) -> None:
     assert ledger["allocated_from"] == "SLURM accounting"
     spent = sum(ledger["spent_s"].values())
     rounding = JSON_ROUNDING_S * (len(ledger["spent_s"]) + 1)
+    assert ledger["allocated_s"] - rounding <= spent <= ledger["allocated_s"] + rounding, (spent, allocated, runs)
+    assert 0 <= ledger["unaccounted_s"] <= rounding
     slurm_rounding = sum(SLURM_ROUNDING_S * nodes * devices_per_node for _, nodes in runs)
-    assert allocated - rounding <= spent <= allocated + slurm_rounding + rounding, (spent, allocated, runs)
+    assert 0 <= ledger["outside_s"] <= slurm_rounding + JSON_ROUNDING_S, (ledger["outside_s"], runs)
 
 
 def test_a_run_preempted_twice_accounts_for_every_allocated_second(tmp_path: Path, slurm_cluster: None) -> None:
@@ -104,3 +106,21 @@ def test_a_worker_crash_shows_the_training_lost_since_the_last_commit(tmp_path: 
     assert records[0]["last_step"] >= CRASH_STEP - 5
     assert spent["committed"] >= 80 * STEP_FLOOR_S * 2
     assert spent["restart"] > 0 and ledger["job_runs"] == 1  # restarted inside the same allocation
+
+
+def test_each_task_of_a_job_array_is_one_job_run_split_by_its_own_attempts(tmp_path: Path, slurm_cluster: None) -> None:
+    """A task is `<array>_<i>` to sacct and job.json, its raw id to its attempts (SLURM_JOB_ID): one job run,
+    allocated its own row, its start-up only up to its attempt (issue 29: each task counted twice, start-up 52 %)."""
+    args = ("-m", "+cluster=local-slurm", "seed=1,2", "swift.max_steps=20", "swift.save_steps=10")
+    done = swiftslurm(*args, "array_parallelism=2", "wait=true", cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    [sweep_dir] = (tmp_path / "runs" / "sweeps").iterdir()
+    for point in read_points(sweep_dir):
+        assert "_" in point["job_id"] and wait_for_job(point["job_id"]) == "COMPLETED"
+        [record] = attempts(Path(point["run_dir"]))
+        assert record["job_id"] != point["job_id"]  # the raw id, as SLURM_JOB_ID has it inside the task
+        ledger, _ = ledger_of(Path(point["run_dir"]))
+        assert_adds_up(ledger, point["job_id"])  # the task's own ElapsedRaw × AllocNodes
+        assert ledger["job_runs"] == 1
+        spent = ledger["spent_s"]
+        assert spent["committed"] > 0 and spent["startup"] < spent["load"], spent

@@ -105,7 +105,17 @@ def write_attempts(run_dir: Path, run: DocRun) -> None:
             | {"resume_step": resumed, "last_step": done, "committed_step": done}
         )
         state = "REQUEUED" if decision == "requeue" else "COMPLETED"
-        accounted.append({"job_id": run.job, "state": state, "submit": submit, "start": start, "end": end, "nodes": 2})
+        accounted.append(
+            {
+                "job_id": run.job,
+                "raw_id": run.job,
+                "state": state,
+                "submit": submit,
+                "start": start,
+                "end": end,
+                "nodes": 2,
+            }
+        )
     write_lines(run_dir / "attempts.jsonl", rows)
     write_json(run_dir / "accounting.json", {"jobs": {run.job: {"rows": accounted, "asked_at": T0 + 1000}}})
 
@@ -134,7 +144,7 @@ def slurm_answering(running: dict[str, float]) -> slurm.Runner:
         if argv[0] == "squeue":
             return slurm.Answer(0, "".join(f"{j} RUNNING\n" for j in jobs))
         if argv[0] == "sacct" and "-D" in argv:
-            return slurm.Answer(0, "".join(f"{j}|RUNNING|{started[j]}|{started[j]}|Unknown|2\n" for j in jobs))
+            return slurm.Answer(0, "".join(f"{j}|{j}|RUNNING|{started[j]}|{started[j]}|Unknown|2\n" for j in jobs))
         raise FileNotFoundError(2, "No such file or directory", argv[0])
 
     return runner

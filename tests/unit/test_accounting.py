@@ -12,6 +12,7 @@ import pytest
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SubmitError
 from swiftslurm.ops import accounting, status
+from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.layout import attempt_dir, trainer_timeline
 from swiftslurm.rundir.records import AttemptRecord, append_attempt, record_submission
 from swiftslurm.rundir.timeline import TIMELINE_ENV, TimelineWriter, read_timeline
@@ -19,9 +20,9 @@ from swiftslurm.rundir.timeline import TIMELINE_ENV, TimelineWriter, read_timeli
 
 def test_sacct_rows_of_a_requeued_job_give_one_run_each(monkeypatch: pytest.MonkeyPatch) -> None:
     out = (
-        "39|REQUEUED|2026-12-01T08:53:13|2026-12-01T08:53:14|2026-12-01T08:53:44|2\n"
-        "39|RUNNING|2026-12-01T08:53:53|2026-12-01T08:54:05|Unknown|2\n"
-        "52|CANCELLED by 0|2026-12-01T09:06:03|None|2026-12-01T09:06:03|0\n"
+        "39|39|REQUEUED|2026-12-01T08:53:13|2026-12-01T08:53:14|2026-12-01T08:53:44|2\n"
+        "39|39|RUNNING|2026-12-01T08:53:53|2026-12-01T08:54:05|Unknown|2\n"
+        "52|52|CANCELLED by 0|2026-12-01T09:06:03|None|2026-12-01T09:06:03|0\n"
     )
     asked: list[list[str]] = []
     monkeypatch.setattr(slurm_cli, "run", lambda argv, timeout_s=30: asked.append(argv) or out)
@@ -35,8 +36,17 @@ def test_sacct_rows_of_a_requeued_job_give_one_run_each(monkeypatch: pytest.Monk
     assert rows[0]["end"] - rows[0]["start"] == 30 and rows[1]["end"] is None and rows[2]["start"] is None
 
 
+def test_sacct_rows_of_an_array_task_carry_its_raw_job_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sacct names an array task `<array>_<i>`; inside the task SLURM_JOB_ID is its raw id (JobIDRaw).
+    out = "11_2|14|COMPLETED|2026-12-01T08:53:13|2026-12-01T08:53:20|2026-12-01T08:53:36|2\n"
+    monkeypatch.setattr(slurm_cli, "run", lambda argv, timeout_s=30: out)
+    rows = slurm_cli.job_runs(["11_2", "14"])
+    assert [(r["job_id"], r["raw_id"], r["nodes"]) for r in rows] == [("11_2", "14", 2)]
+    assert rows[0]["end"] - rows[0]["start"] == 16
+
+
 def row(job: str, state: str, start: float, end: float | None) -> dict[str, Any]:
-    return {"job_id": job, "state": state, "submit": start - 5, "start": start, "end": end, "nodes": 2}
+    return {"job_id": job, "raw_id": job, "state": state, "submit": start - 5, "start": start, "end": end, "nodes": 2}
 
 
 class FakeSacct:
@@ -48,7 +58,7 @@ class FakeSacct:
 
     def __call__(self, job_ids: list[str]) -> list[dict[str, Any]]:
         self.asked.append(job_ids)
-        return [r for r in self.rows if r["job_id"] in job_ids]
+        return [r for r in self.rows if r["job_id"] in job_ids or r.get("raw_id") in job_ids]
 
 
 def a_run(run_dir: Path, job: str) -> Path:
@@ -82,6 +92,13 @@ def test_sacct_unreachable_keeps_the_cached_rows_and_says_why(tmp_path: Path) ->
     assert jobs[run_dir]["8"][0]["state"] == "RUNNING"
 
 
+def test_a_job_sacct_has_forgotten_keeps_its_cached_rows(tmp_path: Path) -> None:
+    run_dir = a_run(tmp_path / "a", "8")
+    accounting.refresh([run_dir], FakeSacct([row("8", "RUNNING", 60, None)]), now=100)
+    jobs, error = accounting.refresh([run_dir], FakeSacct([]), now=100 + accounting.ACCOUNTING_TTL_S)  # purged
+    assert error == "" and jobs[run_dir]["8"][0]["start"] == 60
+
+
 def timeline(run_dir: Path, attempt: str, events: list[dict[str, Any]]) -> None:
     folder = attempt_dir(run_dir, attempt)
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,6 +130,7 @@ def test_status_of_a_run_shows_its_ledger_and_json_carries_it(
     text = status.render(facts, slurm)
     assert "goodput ledger of run (1 job run(s); allocated from SLURM accounting)" in text
     assert "training, committed" in text and "queue wait 5 s" in text
+    assert "rounding: SLURM's Start/End are whole seconds; the records outside them (0.0 CPU process-seconds)" in text
     assert status.main([str(run_dir), "--json", "--no-slurm"]) == 0
     out = json.loads(capsys.readouterr().out)
     spent = out["runs"][0]["ledger"]["spent_s"]
@@ -120,6 +138,49 @@ def test_status_of_a_run_shows_its_ledger_and_json_carries_it(
     assert spent["committed"] == 50 * 2 and spent["save"] == 5 * 2 and spent["finish"] == 15 * 2
     assert sum(spent.values()) == out["ledger"]["allocated_s"]
     assert out["runs"][0]["goodput"] == pytest.approx(50 / 80)
+
+
+def array_task(run_dir: Path, task: str, raw: str, start: float) -> dict[str, Any]:
+    """A point of a job array: job.json names it as submitit did (`11_2`), its attempt as SLURM_JOB_ID does
+    inside the task (the raw id); it held 2 nodes for 16 s, training from 6 s after its Start."""
+    a_run(run_dir, task)
+    phases = {"prepare": start + 2, "agree_on_resume": start + 3, "train": start + 4, "conclude": start + 15}
+    append_attempt(run_dir, AttemptRecord(raw, raw, hosts=("a", "b"), end=start + 15.5, decision="done", phases=phases))
+    events = [{"event": "train_begin", "t": start + 6, "step": 0}, {"event": "save", "step": 5, "started": start + 12}]
+    timeline(
+        run_dir, raw, [*events[:1], events[1] | {"t": start + 13}, {"event": "committed", "step": 5, "t": start + 13}]
+    )
+    return {
+        "job_id": task,
+        "raw_id": raw,
+        "state": "COMPLETED",
+        "submit": 0,
+        "start": start,
+        "end": start + 16,
+        "nodes": 2,
+    }
+
+
+def test_an_array_task_is_one_job_run_allocated_its_own_row_and_started_only_before_its_attempt(
+    tmp_path: Path,
+) -> None:
+    rows = [array_task(tmp_path / "p1", "11_1", "13", 100), array_task(tmp_path / "p2", "11_2", "14", 120)]
+    jobs, _ = accounting.refresh([tmp_path / "p1", tmp_path / "p2"], FakeSacct(rows), now=200)
+    plan = PlanGlance.read(tmp_path / "p2")
+    spent = accounting.run_ledger(tmp_path / "p2", plan, jobs[tmp_path / "p2"], now=200)
+    assert spent.job_runs == 1 and spent.from_slurm  # not again as an attempt SLURM could not account for
+    assert spent.allocated_s == 16 * 2  # the task's own row: 16 s × 2 nodes, not the array's
+    assert spent.spent_s["startup"] == 3 * 2  # Start -> the wrapper chooses its resume point, nothing after it
+    assert spent.spent_s["committed"] == (12 - 6) * 2 and spent.unaccounted_s == 0
+
+
+def test_accounting_cached_before_raw_job_ids_were_read_is_asked_again(tmp_path: Path) -> None:
+    run_dir = a_run(tmp_path / "a", "11_2")
+    old = {k: v for k, v in row("11_2", "COMPLETED", 10, 40).items() if k != "raw_id"}
+    accounting.refresh([run_dir], FakeSacct([old]), now=100)  # final, but cached without a raw id
+    sacct = FakeSacct([row("11_2", "COMPLETED", 10, 40) | {"raw_id": "14"}])
+    jobs, _ = accounting.refresh([run_dir], sacct, now=101)
+    assert sacct.asked == [["11_2"]] and jobs[run_dir]["11_2"][0]["raw_id"] == "14"
 
 
 def test_the_trainer_timeline_is_written_by_rank_zero_only_where_the_wrapper_asks(

@@ -167,10 +167,11 @@ def test_records_from_before_the_timeline_split_training_by_the_share_of_steps_c
     assert seconds(ledger) == {"startup": 10, "load": 20, "committed": 45, "lost": 15}
 
 
-def test_an_attempt_outside_its_job_runs_times_shows_as_unaccounted_not_hidden() -> None:
+def test_an_attempt_outside_its_job_runs_times_is_stated_as_outside_and_not_counted() -> None:
     late = marks(record("7", "done", 75, prepare=12, train=13, conclude=74), [])
     ledger = compute([Allocation("7", 10, 70, WIDTH)], [late], 4, "GPU", now=1000)
-    assert ledger.unaccounted_s == pytest.approx(-4 * WIDTH)  # the trainer exited 4 s after SLURM's End
+    assert ledger.outside_s == pytest.approx(4 * WIDTH)  # the trainer exited 4 s after SLURM's End: said, not counted
+    assert ledger.accounted_s == pytest.approx(ledger.allocated_s) and ledger.unaccounted_s == 0
 
 
 def test_a_sweeps_ledger_is_the_sum_of_its_runs() -> None:
@@ -187,3 +188,27 @@ def test_marks_of_an_attempt_follow_its_phases_and_its_trainer() -> None:
     assert isinstance(PREEMPTED, AttemptMarks)
     assert [m.category for m in PREEMPTED.marks][:4] == ["startup", "restore", "load", "committed"]
     assert PREEMPTED.began == 13 and PREEMPTED.ended == 104
+
+
+def test_records_past_slurms_whole_second_end_are_not_counted_twice_nor_shown_as_negative_time() -> None:
+    # SLURM keeps End cut down to the whole second: the attempt concluded 0.7 s "after" it, and node 0's clock
+    # put its prepare 0.4 s before Start. Every allocated second is in one category, and no more.
+    edges = marks(record("7", "done", 70.7, prepare=9.6, train=12, conclude=70.6), [])
+    ledger = compute([Allocation("7", 10, 70, WIDTH)], [edges], 4, "GPU", now=1000)
+    assert ledger.accounted_s == pytest.approx(ledger.allocated_s)
+    assert ledger.unaccounted_s >= 0 and ledger.as_dict()["unaccounted_s"] >= 0
+    assert ledger.outside_s == pytest.approx((0.6 + 0.4) * WIDTH)  # conclude past End, prepare before Start
+    assert seconds(ledger) == {"startup": 2, "load": 70 - 12}  # the trainer ran until SLURM's End
+
+
+def test_a_run_preempted_twice_on_a_busy_machine_adds_up_to_slurms_allocation() -> None:
+    # Each job run's records reach past SLURM's End (up to a second: whole seconds) and the next attempt's
+    # prepare lands before the next run's Start by the same rounding: the sum never exceeds the allocation.
+    first = marks(record("7", "requeue", 40.9, prepare=10.2, train=11, conclude=40.8), [begin(20)])
+    second = marks(record("7.r1", "requeue", 80.95, prepare=49.5, train=52, conclude=80.9), [begin(60)])
+    third = marks(record("7.r2", "done", 120.6, prepare=89.8, train=91, conclude=120.5), [begin(100)])
+    runs = [Allocation("7", 10, 40, 2), Allocation("7", 50, 80, 2), Allocation("7", 90, 120, 2)]
+    ledger = compute(runs, [first, second, third], 1, "CPU process", now=1000)
+    assert ledger.allocated_s == 3 * 30 * 2
+    assert ledger.accounted_s <= ledger.allocated_s + 1e-9
+    assert ledger.unaccounted_s == pytest.approx(0, abs=1e-9) and ledger.unaccounted_s >= 0

@@ -73,7 +73,7 @@ ARGV = [
     (lambda: slurm.accounted_states(["7", "8"]), ["sacct", "-X", "-n", "-P", "-j", "7,8", "-o", "JobID,State"]),
     (
         lambda: slurm.job_runs(["7", "8"]),
-        ["sacct", "-D", "-X", "-n", "-P", "-j", "7,8", "-o", "JobID,State,Submit,Start,End,AllocNodes"],
+        ["sacct", "-D", "-X", "-n", "-P", "-j", "7,8", "-o", "JobID,JobIDRaw,State,Submit,Start,End,AllocNodes"],
     ),
     (lambda: slurm.requeue("7"), ["scontrol", "requeue", "7"]),
     (
