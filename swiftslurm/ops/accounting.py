@@ -2,16 +2,18 @@
 
 `status` asks `sacct --duplicates` (slurm_cli.job_runs) once for all the jobs of all the runs it shows, and
 only for jobs whose accounting can still change: a job that has ended for good (not requeued, not waiting,
-not running) is never asked about again, and one still running at most once every ACCOUNTING_TTL_S. Busy
-clusters rate-limit sacct; a folder of a thousand finished runs costs no SLURM call at all. The cache is
-RUN_DIR/accounting.json (rundir.ACCOUNTING); a run dir that cannot be written to is simply not cached.
+not running) is never asked about again, and one still running at most once every ACCOUNTING_TTL_S. The same
+call tells how the jobs that left the queue ended (their newest row: `newest_states`), so `status` starts one
+squeue and at most one sacct however many runs it shows. Busy clusters rate-limit sacct; a folder of a thousand
+finished runs costs no SLURM call at all. The cache is RUN_DIR/accounting.json (rundir.ACCOUNTING); a run dir
+that cannot be written to is simply not cached.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +56,20 @@ def is_final(rows: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def refresh(
-    run_dirs: Sequence[Path], ask: Asker | None = ask_sacct, now: float | None = None
+    run_dirs: Sequence[Path],
+    ask: Asker | None = ask_sacct,
+    now: float | None = None,
+    left_queue: Collection[str] = (),
 ) -> tuple[dict[Path, dict[str, list[dict[str, Any]]]], str]:
     """Each run's job rows (job id -> rows), from its cache where that is final or fresh, the rest from one
     `ask` for all runs together (None: the cache only); also why SLURM could not be asked ("" if it could or
-    did not need to be)."""
+    did not need to be). ``left_queue``: jobs squeue no longer lists, asked unless their cached rows are final
+    (a fresh cache saying RUNNING is wrong about them), so that their newest row tells how they ended."""
     now = time.time() if now is None else now
     cached = {d: _read_cache(d) for d in run_dirs}
     wanted = {d: job_ids(d) for d in run_dirs}
-    stale = sorted({j for d in run_dirs for j in wanted[d] if _stale(cached[d].get(j), now)}) if ask else []
+    asked_about = {j for d in run_dirs for j in wanted[d] if _stale(cached[d].get(j), now, j in left_queue)}
+    stale = sorted(asked_about) if ask else []
     asked: dict[str, list[dict[str, Any]]] = {}
     error = ""
     if stale and ask is not None:
@@ -81,10 +88,20 @@ def refresh(
     return result, error
 
 
-def _stale(entry: Mapping[str, Any] | None, now: float) -> bool:
+def newest_states(
+    jobs: Mapping[Path, Mapping[str, Sequence[Mapping[str, Any]]]], job_ids: Collection[str]
+) -> dict[str, str]:
+    """SLURM's state of each of these jobs' newest run, from the rows `refresh` gave (jobs without rows: absent)."""
+    rows = {job: runs for by_job in jobs.values() for job, runs in by_job.items() if runs}
+    return {job: str(rows[job][-1].get("state", "")) for job in job_ids if job in rows}
+
+
+def _stale(entry: Mapping[str, Any] | None, now: float, left_queue: bool = False) -> bool:
     if entry is None:
         return True
-    return not is_final(entry.get("rows", [])) and now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
+    if is_final(entry.get("rows", [])):
+        return False
+    return left_queue or now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
 
 
 def _read_cache(run_dir: Path) -> dict[str, Any]:
@@ -93,8 +110,10 @@ def _read_cache(run_dir: Path) -> dict[str, Any]:
 
 
 def _write_cache(run_dir: Path, jobs: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # a run dir this user cannot write: no cache, the next status asks again
-        write_json_atomic(run_dir / ACCOUNTING, {"jobs": jobs})
+    # Not durable: a cache lost in a crash costs one more question, while an fsync per run dir would cost a
+    # folder of runs on a network filesystem seconds. A run dir this user cannot write: no cache, asked again.
+    with contextlib.suppress(OSError):
+        write_json_atomic(run_dir / ACCOUNTING, {"jobs": jobs}, durable=False)
 
 
 # ---------------------------------------------------------------- the run's ledger

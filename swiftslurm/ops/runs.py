@@ -54,6 +54,14 @@ class SlurmView:
     accounting_error: str = ""  # why sacct's accounting could not be read (the ledger then uses its cache)
 
 
+def ask_queue(job_ids: list[str]) -> SlurmView:
+    """One squeue for all these jobs: the states of those still in the queue. Never raises."""
+    try:
+        return SlurmView(available=True, states=slurm_cli.queue_states(job_ids, STATUS_ASKS))
+    except SwiftSlurmError as err:
+        return SlurmView(available=False, error=str(err).strip().splitlines()[-1][:200])
+
+
 def ask_slurm(job_ids: list[str]) -> SlurmView:
     """One squeue for jobs in the queue, one sacct for the rest. Never raises."""
     if not job_ids:
