@@ -24,7 +24,7 @@ from swiftslurm.ops.submission import submission
 from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json, write_json_atomic
 from swiftslurm.rundir.layout import ACCOUNTING, attempt_dir, trainer_timeline
-from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
+from swiftslurm.rundir.records import AttemptRecord, read_attempt_rows, read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
 
 ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
@@ -43,7 +43,7 @@ def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
 
 def job_ids(run_dir: Path) -> list[str]:
     """Every SLURM job that carried the run: each attempt's, and the one that carries it now (submission.py)."""
-    found = [str(r.job_id) for r in read_attempts(run_dir) if r.job_id]
+    found = [str(row["job_id"]) for row in read_attempt_rows(run_dir) if row.get("job_id")]  # no records: only ids
     job = submission(run_dir)
     if job.get("job_id") and job.get("scheduler") != "local":
         found.append(str(job["job_id"]))
@@ -125,13 +125,16 @@ def run_ledger(
     jobs: Mapping[str, list[dict[str, Any]]] | None,
     running: bool = False,
     now: float | None = None,
+    recorded: Sequence[AttemptRecord] | None = None,
 ) -> ledger.Ledger:
     """The run's ledger from its records and SLURM's rows of its jobs (None or missing: the records alone).
-    ``running``: the open attempt is training now (else, without a record, it was lost)."""
+    ``running``: the open attempt is training now (else, without a record, it was lost); ``recorded``: the run's
+    attempt records where the caller has read them already (None: read here)."""
     now = time.time() if now is None else now
     devices, unit = plan.devices_per_node()
     allocations = [a for rows in (jobs or {}).values() for a in allocations_of(rows, devices)]
-    attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in read_attempts(run_dir)]
+    recorded = read_attempts(run_dir) if recorded is None else recorded
+    attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in recorded]
     opened = _open_attempt(run_dir, {a.attempt for a in attempts})
     if opened is not None:
         attempts.append(ledger.attempt_marks(opened, _events(run_dir, opened), running=running))

@@ -27,7 +27,7 @@ from swiftslurm.rundir.layout import (
     output_dir,
     slurm_log,
 )
-from swiftslurm.rundir.metrics import read_metrics
+from swiftslurm.rundir.metrics import read_latest
 from swiftslurm.rundir.records import (
     AttemptRecord,
     is_cancelled,
@@ -119,7 +119,7 @@ def gather(
     if superseded(status, job):
         status = {}  # the wrapper's last word is about an earlier job: the new one's state is SLURM's
     attempts = read_attempts(run_dir)
-    metrics = read_metrics(run_dir)
+    metrics = read_latest(run_dir)
     job_id = str(job.get("job_id") or status.get("job_id") or "") or None
     slurm_state = slurm.states.get(job_id) if slurm and job_id else None
     if job.get("scheduler") == "local" and job_id:
@@ -133,7 +133,7 @@ def gather(
         why = _refused_why(refused, state, why)
     committed, _ = newest_committed(output_dir(run_dir))
     batch = plan.batch.global_ if plan.batch else None
-    spent = run_ledger(run_dir, plan, jobs, running=state == "running")
+    spent = run_ledger(run_dir, plan, jobs, running=state == "running", recorded=attempts)
     return RunFacts(
         run_dir=str(run_dir),
         run_name=plan.run_name or run_dir.name,

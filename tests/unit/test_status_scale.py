@@ -13,6 +13,8 @@ import pytest
 
 from swiftslurm import slurm
 from swiftslurm.ops import status
+from swiftslurm.rundir.layout import METRICS, output_dir
+from swiftslurm.rundir.metrics import read_latest, read_metrics
 from swiftslurm.rundir.records import record_submission, write_status
 
 ENDED_ROW = "{job}|COMPLETED|2026-12-01T08:53:13|2026-12-01T08:53:14|2026-12-01T08:53:44|2"
@@ -124,3 +126,29 @@ def test_job_lists_fit_one_argument_and_need_one_call_for_thousands_of_jobs() ->
     split = slurm.job_lists(jobs, limit=1000)
     assert all(len(chunk) <= 1000 for chunk in split) and ",".join(split) == ",".join(jobs)
     assert slurm.job_lists([]) == []
+
+
+def test_status_reads_the_newest_metrics_from_the_end_of_a_long_log(tmp_path: Path) -> None:
+    """The newest loss, step and step time, as read_metrics has them, from a read of the log's end only."""
+    lines = [
+        {"loss": 3 - i / 1000, "global_step/max_steps": f"{i}/4000", "train_speed(s/it)": 0.5 + i / 1e4}
+        for i in range(1, 4001)
+    ]
+    lines.append({"train_runtime": 9.0, "train_speed(s/it)": 7.0, "global_step/max_steps": "4000/4000"})
+    output_dir(tmp_path).mkdir()
+    log = output_dir(tmp_path) / METRICS
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"loss": 1.0, "glo')  # one being written
+    full, latest = read_metrics(tmp_path), read_latest(tmp_path)
+    assert (latest.step, latest.max_steps, latest.loss, latest.seconds_per_step) == (
+        full.step,
+        full.max_steps,
+        full.loss,
+        full.seconds_per_step,
+    )
+    assert latest.losses == ()  # the history is the plots' (read_metrics)
+
+
+def test_the_newest_metrics_come_from_the_node_log_while_logging_jsonl_has_no_loss(tmp_path: Path) -> None:
+    (tmp_path / "logs" / "7.0").mkdir(parents=True)
+    (tmp_path / "logs" / "7.0" / "node0.log").write_text("{'loss': 2.25, 'global_step/max_steps': '3/10'}\n")
+    assert read_latest(tmp_path).loss == 2.25
