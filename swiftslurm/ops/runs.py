@@ -144,8 +144,8 @@ def gather(
     """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
     ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
     plan = PlanGlance.read(run_dir)
-    now = run_state(run_dir, slurm)
-    state, why, job_id, slurm_state = now.state, now.why, now.job_id, now.slurm_state
+    decided = run_state(run_dir, slurm)
+    state, why, job_id, slurm_state = decided.state, decided.why, decided.job_id, decided.slurm_state
     attempts = read_attempts(run_dir)
     metrics = read_latest(run_dir)
     committed, _ = newest_committed(output_dir(run_dir))
