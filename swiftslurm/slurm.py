@@ -241,13 +241,36 @@ def job_alive(job_id: str) -> bool:
         return False
 
 
+# One argument of a command line holds at most 128 KiB on Linux (MAX_ARG_STRLEN). A job list longer than this is
+# asked in several calls; 10,000 job ids of 8 digits (a folder of a few thousand runs) still fit in one.
+JOB_LIST_CHARS = 100_000
+
+
+def job_lists(job_ids: Sequence[str], limit: int = JOB_LIST_CHARS) -> list[str]:
+    """The comma-separated lists that name these jobs for `-j`, as few as fit ``limit`` characters each."""
+    lists: list[list[str]] = []
+    length = limit + 1
+    for job in job_ids:
+        if length + 1 + len(job) > limit:
+            lists.append([])
+            length = -1
+        lists[-1].append(job)
+        length += 1 + len(job)
+    return [",".join(jobs) for jobs in lists]
+
+
 def queue_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, str]:
-    """squeue's state of each of these jobs still in the queue (PENDING, RUNNING, ...); the others are absent."""
-    try:
-        out = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"], retry)
-    except JobGone:
-        return {}
-    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+    """squeue's state of each of these jobs still in the queue (PENDING, RUNNING, ...); the others are absent.
+    One squeue for all of them (job_lists), each array task on its own line (`-r`: a pending array's tasks
+    would otherwise be printed as one `12_[3-9]`)."""
+    states: dict[str, str] = {}
+    for jobs in job_lists(job_ids):
+        try:
+            out = run(["squeue", "-h", "-r", "-j", jobs, "-o", "%i %T"], retry)
+        except JobGone:
+            continue
+        states |= dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+    return states
 
 
 def pending_queue(partition: str | None, retry: Retry = RETRY) -> list[tuple[str, str]]:
@@ -259,7 +282,9 @@ def pending_queue(partition: str | None, retry: Retry = RETRY) -> list[tuple[str
 
 def accounted_states(job_ids: Sequence[str], retry: Retry = RETRY) -> dict[str, str]:
     """sacct's state of each of these jobs' latest run (COMPLETED, FAILED, CANCELLED, ...)."""
-    out = run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"], retry)
+    out = "\n".join(
+        run(["sacct", "-X", "-n", "-P", "-j", jobs, "-o", "JobID,State"], retry) for jobs in job_lists(job_ids)
+    )
     states = {}
     for line in out.splitlines():
         job, _, state = line.partition("|")
@@ -276,8 +301,10 @@ def job_runs(job_ids: list[str], retry: Retry = RETRY) -> list[dict[str, Any]]:
     one row per run. Each: job_id (sacct's JobID: `<array>_<i>` for an array task), raw_id (JobIDRaw: the id
     SLURM_JOB_ID gives inside the job, the same as job_id but for an array task), state, submit/start/end in
     seconds since the epoch (None: not yet), nodes. A job may be asked for by either id."""
-    argv = ["sacct", "-D", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(JOB_RUN_FIELDS)]
-    rows = [line.split("|") for line in run(argv, retry).splitlines()]
+    rows = []
+    for jobs in job_lists(job_ids):
+        argv = ["sacct", "-D", "-X", "-n", "-P", "-j", jobs, "-o", ",".join(JOB_RUN_FIELDS)]
+        rows += [line.split("|") for line in run(argv, retry).splitlines()]
     return [_job_run(row) for row in rows if len(row) == len(JOB_RUN_FIELDS)]
 
 

@@ -2,16 +2,18 @@
 
 `status` asks `sacct --duplicates` (slurm_cli.job_runs) once for all the jobs of all the runs it shows, and
 only for jobs whose accounting can still change: a job that has ended for good (not requeued, not waiting,
-not running) is never asked about again, and one still running at most once every ACCOUNTING_TTL_S. Busy
-clusters rate-limit sacct; a folder of a thousand finished runs costs no SLURM call at all. The cache is
-RUN_DIR/accounting.json (rundir.ACCOUNTING); a run dir that cannot be written to is simply not cached.
+not running) is never asked about again, and one still running at most once every ACCOUNTING_TTL_S. The same
+call tells how the jobs that left the queue ended (their newest row: `newest_states`), so `status` starts one
+squeue and at most one sacct however many runs it shows. Busy clusters rate-limit sacct; a folder of a thousand
+finished runs costs no SLURM call at all. The cache is RUN_DIR/accounting.json (rundir.ACCOUNTING); a run dir
+that cannot be written to is simply not cached.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from swiftslurm.ops.submission import submission
 from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json, write_json_atomic
 from swiftslurm.rundir.layout import ACCOUNTING, attempt_dir, trainer_timeline
-from swiftslurm.rundir.records import AttemptRecord, read_attempts, read_open_attempt
+from swiftslurm.rundir.records import AttemptRecord, read_attempt_rows, read_attempts, read_open_attempt
 from swiftslurm.rundir.timeline import read_timeline
 
 ACCOUNTING_TTL_S = 30.0  # a job whose accounting may still change is asked about at most this often
@@ -41,7 +43,7 @@ def ask_sacct(job_ids: list[str]) -> list[dict[str, Any]]:
 
 def job_ids(run_dir: Path) -> list[str]:
     """Every SLURM job that carried the run: each attempt's, and the one that carries it now (submission.py)."""
-    found = [str(r.job_id) for r in read_attempts(run_dir) if r.job_id]
+    found = [str(row["job_id"]) for row in read_attempt_rows(run_dir) if row.get("job_id")]  # no records: only ids
     job = submission(run_dir)
     if job.get("job_id") and job.get("scheduler") != "local":
         found.append(str(job["job_id"]))
@@ -54,15 +56,20 @@ def is_final(rows: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def refresh(
-    run_dirs: Sequence[Path], ask: Asker | None = ask_sacct, now: float | None = None
+    run_dirs: Sequence[Path],
+    ask: Asker | None = ask_sacct,
+    now: float | None = None,
+    left_queue: Collection[str] = (),
 ) -> tuple[dict[Path, dict[str, list[dict[str, Any]]]], str]:
     """Each run's job rows (job id -> rows), from its cache where that is final or fresh, the rest from one
     `ask` for all runs together (None: the cache only); also why SLURM could not be asked ("" if it could or
-    did not need to be)."""
+    did not need to be). ``left_queue``: jobs squeue no longer lists, asked unless their cached rows are final
+    (a fresh cache saying RUNNING is wrong about them), so that their newest row tells how they ended."""
     now = time.time() if now is None else now
     cached = {d: _read_cache(d) for d in run_dirs}
     wanted = {d: job_ids(d) for d in run_dirs}
-    stale = sorted({j for d in run_dirs for j in wanted[d] if _stale(cached[d].get(j), now)}) if ask else []
+    asked_about = {j for d in run_dirs for j in wanted[d] if _stale(cached[d].get(j), now, j in left_queue)}
+    stale = sorted(asked_about) if ask else []
     asked: dict[str, list[dict[str, Any]]] = {}
     error = ""
     if stale and ask is not None:
@@ -94,13 +101,23 @@ def answered(row: Mapping[str, Any], asked: Sequence[str]) -> list[str]:
     return [job for job in dict.fromkeys((str(row["job_id"]), str(row.get("raw_id") or row["job_id"]))) if job in asked]
 
 
-def _stale(entry: Mapping[str, Any] | None, now: float) -> bool:
+def newest_states(
+    jobs: Mapping[Path, Mapping[str, Sequence[Mapping[str, Any]]]], job_ids: Collection[str]
+) -> dict[str, str]:
+    """SLURM's state of each of these jobs' newest run, from the rows `refresh` gave (jobs without rows: absent)."""
+    rows = {job: runs for by_job in jobs.values() for job, runs in by_job.items() if runs}
+    return {job: str(rows[job][-1].get("state", "")) for job in job_ids if job in rows}
+
+
+def _stale(entry: Mapping[str, Any] | None, now: float, left_queue: bool = False) -> bool:
     if entry is None:
         return True
     rows = entry.get("rows", [])
     if any("raw_id" not in r for r in rows):
         return True  # cached before sacct's JobIDRaw was read: an array task's attempts could not find it
-    return not is_final(rows) and now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
+    if is_final(rows):
+        return False
+    return left_queue or now - float(entry.get("asked_at", 0)) >= ACCOUNTING_TTL_S
 
 
 def _read_cache(run_dir: Path) -> dict[str, Any]:
@@ -109,8 +126,10 @@ def _read_cache(run_dir: Path) -> dict[str, Any]:
 
 
 def _write_cache(run_dir: Path, jobs: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # a run dir this user cannot write: no cache, the next status asks again
-        write_json_atomic(run_dir / ACCOUNTING, {"jobs": jobs})
+    # Not durable: a cache lost in a crash costs one more question, while an fsync per run dir would cost a
+    # folder of runs on a network filesystem seconds. A run dir this user cannot write: no cache, asked again.
+    with contextlib.suppress(OSError):
+        write_json_atomic(run_dir / ACCOUNTING, {"jobs": jobs}, durable=False)
 
 
 # ---------------------------------------------------------------- the run's ledger
@@ -122,13 +141,16 @@ def run_ledger(
     jobs: Mapping[str, list[dict[str, Any]]] | None,
     running: bool = False,
     now: float | None = None,
+    recorded: Sequence[AttemptRecord] | None = None,
 ) -> ledger.Ledger:
     """The run's ledger from its records and SLURM's rows of its jobs (None or missing: the records alone).
-    ``running``: the open attempt is training now (else, without a record, it was lost)."""
+    ``running``: the open attempt is training now (else, without a record, it was lost); ``recorded``: the run's
+    attempt records where the caller has read them already (None: read here)."""
     now = time.time() if now is None else now
     devices, unit = plan.devices_per_node()
     allocations = allocations_of([r for rows in (jobs or {}).values() for r in rows], devices)
-    attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in read_attempts(run_dir)]
+    recorded = read_attempts(run_dir) if recorded is None else recorded
+    attempts = [ledger.attempt_marks(r, _events(run_dir, r)) for r in recorded]
     opened = _open_attempt(run_dir, {a.attempt for a in attempts})
     if opened is not None:
         attempts.append(ledger.attempt_marks(opened, _events(run_dir, opened), running=running))

@@ -24,7 +24,16 @@ from typing import TYPE_CHECKING
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops.follow import FOLLOW_POLL_S, show_logs
-from swiftslurm.ops.runs import ACTIVE_STATES, FINAL_STATES, RunFacts, ask_slurm, facts_of, gather, slurm_job_ids
+from swiftslurm.ops.runs import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    RunFacts,
+    ask_slurm,
+    facts_of,
+    gather,
+    slurm_job_ids,
+    state_of,
+)
 from swiftslurm.ops.waiting import Narrator
 from swiftslurm.rundir.jsonio import write_json_atomic
 from swiftslurm.rundir.layout import CANCELLED, SUBMITIT, plan_file
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             if not plan_file(args.run_dir).is_file():
                 hint = "HINT: `swiftslurm status runs/` lists the runs."
                 raise OpsError(f"{args.run_dir} is not a run dir (no plan.json). {hint}")
-            return show_logs(args.run_dir, facts_of, args.node, args.follow, args.verbose)
+            return show_logs(args.run_dir, state_of, args.node, args.follow, args.verbose)
         dirs = run_dirs(args.path)
         if not dirs:
             raise OpsError(f"{args.path} holds no run (no plan.json, no sweep.jsonl).")

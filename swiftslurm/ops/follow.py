@@ -3,7 +3,7 @@ its job's wrapper output, ms-swift's multi-line dumps folded to one line, `-f` n
 and the run's end state)
 and `wait=true` sweeps (a line whenever a point changes state, instead of silence until the final table).
 
-What to wait with (`pause`) and where the state comes from (`facts_of`, `collect`) are passed in: the
+What to wait with (`pause`) and where the state comes from (`state_of`, `collect`) are passed in: the
 commands pass a sleep and SLURM's view; tests pass steps that change a fixture run dir in a fixed order.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, submission
+from swiftslurm.ops.runs import FINAL_STATES, RunFacts, RunState, SlurmView, submission
 from swiftslurm.rundir.layout import NODE_LOG, logs_dir, node_logs, slurm_log, submitit_dir, submitit_logs
 from swiftslurm.rundir.records import SUBMITIT_DIR, AttemptRecord, read_attempts, read_status
 
@@ -63,22 +63,30 @@ class Folder:
 
 @dataclass
 class LogReader:
-    """One node log, read on from where the last read stopped; only whole lines until ``final``."""
+    """One log, read on from where the last read stopped: each byte is read once. Only whole lines until
+    ``final``. Opened at every poll rather than stat-ed first: on NFS an open revalidates the file's size
+    (close-to-open), while a stat may answer from an attribute cache up to a minute old."""
 
     path: Path
     prefix: str
     folder: Folder
     offset: int = 0
+    partial: bytes = b""  # the start of a line still being written: printed once its end comes
 
     def read(self, final: bool) -> list[str]:
+        data, self.partial = self.partial + self._appended(), b""
+        if not final:  # a line still being written waits for its end
+            end = data.rfind(b"\n") + 1
+            data, self.partial = data[:end], data[end:]
+        lines = self.folder.feed(data.decode(errors="replace").splitlines())
+        return [self.prefix + line for line in lines + (self.folder.flush() if final else [])]
+
+    def _appended(self) -> bytes:
         with open(self.path, "rb") as stream:
             stream.seek(self.offset)
             data = stream.read()
-        if not final:
-            data = data[: data.rfind(b"\n") + 1]  # a line still being written waits for its end
         self.offset += len(data)
-        lines = self.folder.feed(data.decode(errors="replace").splitlines())
-        return [self.prefix + line for line in lines + (self.folder.flush() if final else [])]
+        return data
 
 
 def current_attempt(run_dir: Path) -> Path | None:
@@ -186,7 +194,7 @@ def _outcome(record: AttemptRecord) -> str:
 
 def show_logs(
     run_dir: Path,
-    facts_of: Callable[[Path], RunFacts],
+    state_of: Callable[[Path], RunState | RunFacts],
     node: int | None = None,
     follow: bool = False,
     verbose: bool = False,
@@ -199,10 +207,10 @@ def show_logs(
     view = LogView(run_dir, node, verbose, out or sys.stdout)  # sys.stdout as it is now, not at import
     if not follow:
         view.step(final=True, announce=False)
-        return 0 if view.shown is not None else nothing_yet(run_dir, facts_of(run_dir), follow)
+        return 0 if view.shown is not None else nothing_yet(run_dir, state_of(run_dir), follow)
     waiting = False
     while True:
-        facts = facts_of(run_dir)  # asked before reading: every line written before a final state is read
+        facts = state_of(run_dir)  # asked before reading: every line written before a final state is read
         ended = facts.state in FINAL_STATES
         view.step(final=ended, announce=True)
         if view.shown is None and facts.state in SETTLED:
@@ -216,7 +224,7 @@ def show_logs(
         pause()
 
 
-def nothing_yet(run_dir: Path, facts: RunFacts, follow: bool) -> int:
+def nothing_yet(run_dir: Path, facts: RunState | RunFacts, follow: bool) -> int:
     """No node logs: say why on stderr. Exit 1 when none will come, 0 when the job is still to start."""
     why = f": {facts.why}" if facts.why else ""
     hint = "" if follow or facts.state in SETTLED else " HINT: `logs -f` waits for it."

@@ -27,7 +27,7 @@ from swiftslurm.rundir.layout import (
     output_dir,
     slurm_log,
 )
-from swiftslurm.rundir.metrics import read_metrics
+from swiftslurm.rundir.metrics import read_latest
 from swiftslurm.rundir.records import (
     AttemptRecord,
     is_cancelled,
@@ -52,6 +52,14 @@ class SlurmView:
     states: dict[str, str] = field(default_factory=dict)  # job id -> PENDING, RUNNING, COMPLETED, ...
     error: str = ""
     accounting_error: str = ""  # why sacct's accounting could not be read (the ledger then uses its cache)
+
+
+def ask_queue(job_ids: list[str]) -> SlurmView:
+    """One squeue for all these jobs: the states of those still in the queue. Never raises."""
+    try:
+        return SlurmView(available=True, states=slurm_cli.queue_states(job_ids, STATUS_ASKS))
+    except SwiftSlurmError as err:
+        return SlurmView(available=False, error=str(err).strip().splitlines()[-1][:200])
 
 
 def ask_slurm(job_ids: list[str]) -> SlurmView:
@@ -100,18 +108,22 @@ def _attempt_reason(record: AttemptRecord) -> str:
     return f"{text} on {record.nodes} nodes" if record.nodes else text
 
 
-def gather(
-    run_dir: Path, slurm: SlurmView | None = None, jobs: dict[str, list[dict[str, Any]]] | None = None
-) -> RunFacts:
-    """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
-    ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
-    plan = PlanGlance.read(run_dir)
+@dataclass(frozen=True)
+class RunState:
+    """A run's state as `status` decides it, and no more: what `logs -f` asks at every poll."""
+
+    state: str  # one of STATES
+    why: str
+    job_id: str | None
+    slurm_state: str | None
+
+
+def run_state(run_dir: Path, slurm: SlurmView | None = None) -> RunState:
+    """The run's state from its job.json, status.json and markers, and SLURM's view of its job (None: none)."""
     job = submission(run_dir)
     status = read_status(run_dir) or {}
     if superseded(status, job):
         status = {}  # the wrapper's last word is about an earlier job: the new one's state is SLURM's
-    attempts = read_attempts(run_dir)
-    metrics = read_metrics(run_dir)
     job_id = str(job.get("job_id") or status.get("job_id") or "") or None
     slurm_state = slurm.states.get(job_id) if slurm and job_id else None
     if job.get("scheduler") == "local" and job_id:
@@ -123,9 +135,22 @@ def gather(
         why = _hand_submitted_why(run_dir, str(job_id), state, why)
     if (refused := read_refused_submission(run_dir)) and float(refused["at"]) > float(job.get("submitted") or 0):
         why = _refused_why(refused, state, why)
+    return RunState(state, why, job_id, slurm_state)
+
+
+def gather(
+    run_dir: Path, slurm: SlurmView | None = None, jobs: dict[str, list[dict[str, Any]]] | None = None
+) -> RunFacts:
+    """Everything known about one run; ``slurm`` from one `ask_slurm` over many runs (None: run dir only);
+    ``jobs``: SLURM's accounting rows of the run's jobs (accounting.refresh; None: the records alone)."""
+    plan = PlanGlance.read(run_dir)
+    decided = run_state(run_dir, slurm)
+    state, why, job_id, slurm_state = decided.state, decided.why, decided.job_id, decided.slurm_state
+    attempts = read_attempts(run_dir)
+    metrics = read_latest(run_dir)
     committed, _ = newest_committed(output_dir(run_dir))
     batch = plan.batch.global_ if plan.batch else None
-    spent = run_ledger(run_dir, plan, jobs, running=state == "running")
+    spent = run_ledger(run_dir, plan, jobs, running=state == "running", recorded=attempts)
     return RunFacts(
         run_dir=str(run_dir),
         run_name=plan.run_name or run_dir.name,
@@ -214,3 +239,10 @@ def facts_of(run_dir: Path) -> RunFacts:
     """One run's facts with SLURM asked about its job (one squeue, and one sacct if the job has left the queue)."""
     job_ids = slurm_job_ids([run_dir])
     return gather(run_dir, ask_slurm(job_ids) if job_ids else None)
+
+
+def state_of(run_dir: Path) -> RunState:
+    """One run's state with SLURM asked about its job, as facts_of, without reading its metrics, checkpoints or
+    ledger: `logs -f` asks every second, and those do not change what it prints."""
+    job_ids = slurm_job_ids([run_dir])
+    return run_state(run_dir, ask_slurm(job_ids) if job_ids else None)

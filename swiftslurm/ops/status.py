@@ -2,9 +2,10 @@
 and the goodput ledger (where the allocated GPU-hours went; swiftslurm/ops/ledger.py) of the run, or of all runs.
 
 PATH is a run directory, a sweep directory (sweep.jsonl) or a folder of run directories. The facts come
-from each run directory and from one squeue + one sacct call for the jobs of runs that have not ended, and one
-`sacct --duplicates` for accounting that can still change (cached in each run dir: accounting.py); with SLURM
-unreachable the table still comes, from the run directories alone, and says so.
+from each run directory and from SLURM, asked once for all the runs however many there are: one squeue for the
+jobs of runs that have not ended, and one `sacct --duplicates` for accounting that can still change (cached in
+each run dir: accounting.py), which also says how the jobs that left the queue ended; with SLURM unreachable the
+table still comes, from the run directories alone, and says so.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.ops import accounting
 from swiftslurm.ops.ledger import CATEGORIES, LABELS, Ledger
-from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, ask_slurm, gather, slurm_job_ids
+from swiftslurm.ops.runs import FINAL_STATES, RunFacts, SlurmView, ask_queue, gather, slurm_job_ids
 from swiftslurm.rundir.records import read_status
 from swiftslurm.rundir.sweepdir import is_sweep, run_dirs
 
@@ -27,11 +28,19 @@ COLUMNS = ("run", "state", "job", "attempts", "step", "loss", "samples/s", "good
 
 
 def collect(path: Path, use_slurm: bool = True) -> tuple[list[RunFacts], SlurmView | None]:
+    """Every run's facts, SLURM asked once for all of them: one squeue for the jobs of runs that have not ended,
+    and at most one sacct (accounting.refresh), which also says how the jobs that left the queue ended. With
+    the controller unreachable sacct is not asked either: the ledger comes from the cache."""
     dirs = run_dirs(path)
     # A run whose leader wrote a final state is shown in that state whatever SLURM says: not asked about.
-    slurm_jobs = slurm_job_ids([d for d in dirs if not _ended(d)]) if use_slurm else []
-    slurm = ask_slurm(slurm_jobs) if slurm_jobs else None
-    jobs, error = accounting.refresh(dirs, accounting.ask_sacct if use_slurm else None)
+    live = slurm_job_ids([d for d in dirs if not _ended(d)]) if use_slurm else []
+    queue = ask_queue(live) if live else None
+    left = [job for job in live if queue is not None and queue.available and job not in queue.states]
+    asker = accounting.ask_sacct if use_slurm and (queue is None or queue.available) else None
+    jobs, error = accounting.refresh(dirs, asker, left_queue=left)
+    slurm = queue
+    if queue is not None and left and not error:  # sacct unreachable: those runs show their run dir's word
+        slurm = replace(queue, states={**queue.states, **accounting.newest_states(jobs, left)})
     if error:
         slurm = replace(slurm or SlurmView(available=True), accounting_error=error)
     return [gather(d, slurm, jobs.get(d)) for d in dirs], slurm

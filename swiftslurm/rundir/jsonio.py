@@ -6,6 +6,7 @@
   replace makes it unreadable for a moment (a poll tries again); ``read_json_required``: a dict, or an
   ``UnreadableJson`` naming the file.
 - ``append_jsonl`` / ``read_jsonl``: one line per record, appended in one write; a reader skips a torn last line.
+  ``read_jsonl_backwards``: newest first, reading only as much of the file's end as the caller consumes.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from swiftslurm.errors import UnreadableJson
 
@@ -168,3 +169,29 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     return [record for line in text.splitlines() if (record := _parse_object(line)) is not None]
+
+
+TAIL_BLOCK = 16 * 1024  # read_jsonl_backwards reads this much of a file's end at a time: ~50 of ms-swift's lines
+
+
+def read_jsonl_backwards(path: Path, block: int = TAIL_BLOCK) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``path``, one a line, newest first ([] without a file), read block by block from its
+    end: a caller that wants the newest records of a long log stops early and reads only its tail. A line that is
+    not a whole object (one being written now) is skipped."""
+    try:
+        with open(path, "rb") as stream:
+            yield from _lines_backwards(stream, block)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def _lines_backwards(stream: BinaryIO, block: int) -> Iterator[dict[str, Any]]:
+    end, cut = stream.seek(0, os.SEEK_END), b""
+    while end > 0:
+        start = max(0, end - block)
+        stream.seek(start)
+        lines = (stream.read(end - start) + cut).split(b"\n")
+        cut, end = (lines.pop(0) if start > 0 else b""), start  # the block's first line may begin earlier
+        for line in reversed(lines):
+            if (record := _parse_object(line.decode(errors="replace"))) is not None:
+                yield record

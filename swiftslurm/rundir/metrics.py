@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swiftslurm.rundir.jsonio import read_json, read_jsonl
+from swiftslurm.rundir.jsonio import read_json, read_jsonl, read_jsonl_backwards
 from swiftslurm.rundir.layout import METRICS, leader_logs, output_dir
 
 
@@ -63,20 +63,57 @@ def _step_of(checkpoint: Path) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
+def _progress(record: dict[str, Any]) -> tuple[int, int] | None:
+    """(step, max_steps) of a per-step record; None for the summary lines."""
+    try:
+        done, total = (int(x) for x in str(record["global_step/max_steps"]).split("/"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return done, total
+
+
+def _speed(record: dict[str, Any]) -> float | None:
+    """Seconds per step of a per-step record (the final summary's is the whole run's average: not one)."""
+    if "train_speed(s/it)" in record and "train_runtime" not in record:
+        return float(record["train_speed(s/it)"])
+    return None
+
+
+def read_latest(run_dir: Path) -> Metrics:
+    """What `status` shows: the newest step, loss and step time, read from the end of logging.jsonl (a few KiB,
+    however long the run: a folder of a thousand runs is not a thousand parses of whole logs). Only while
+    logging.jsonl has no loss yet does it read what read_metrics reads; no history (that is the plots')."""
+    found: dict[str, Any] = {}
+    for record in read_jsonl_backwards(output_dir(run_dir) / METRICS):
+        if (progress := _progress(record)) is None:
+            continue
+        found.setdefault("progress", progress)
+        if "loss" in record:
+            found.setdefault("loss", float(record["loss"]))
+        if (speed := _speed(record)) is not None:
+            found.setdefault("speed", speed)
+        if "loss" in found and "speed" in found:
+            break
+    if "loss" not in found:
+        full = read_metrics(run_dir)
+        return Metrics(full.step, full.max_steps, full.loss, full.seconds_per_step)
+    step, max_steps = found["progress"]
+    return Metrics(step, max_steps, found["loss"], found.get("speed"))
+
+
 def read_metrics(run_dir: Path) -> Metrics:
     losses: dict[int, float] = {}
     speeds: dict[int, float] = {}
     step = max_steps = None
     for record in _metric_records(run_dir):
-        try:
-            done, total = (int(x) for x in str(record["global_step/max_steps"]).split("/"))
-        except (KeyError, TypeError, ValueError):
-            continue  # the summary lines
+        if (progress := _progress(record)) is None:
+            continue
+        done, total = progress
         step, max_steps = done, total
         if "loss" in record:
             losses[done] = float(record["loss"])  # a resumed attempt logs its steps again: the latest wins
-        if "train_speed(s/it)" in record and "train_runtime" not in record:
-            speeds[done] = float(record["train_speed(s/it)"])
+        if (speed := _speed(record)) is not None:
+            speeds[done] = speed
     ordered = sorted(losses.items())
     return Metrics(
         step=step,

@@ -382,3 +382,91 @@ def test_logs_follow_interleaves_wrapper_and_node_lines_as_they_are_written(tmp_
         "[47/node0] step 12",
         "[swiftslurm logs] run finished: reached max_steps",
     ]
+
+
+class CountedReads:
+    """`open` as follow.py sees it, counting the bytes read from each file."""
+
+    def __init__(self) -> None:
+        self.read: dict[Path, int] = {}
+
+    def __call__(self, path: Path, mode: str = "r") -> CountedReads.Stream:
+        return CountedReads.Stream(open(path, mode), Path(path), self.read)
+
+    class Stream:
+        def __init__(self, stream: io.BufferedReader, path: Path, tally: dict[Path, int]) -> None:
+            self.stream, self.path, self.tally = stream, path, tally
+
+        def __enter__(self) -> CountedReads.Stream:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.stream.close()
+
+        def seek(self, offset: int) -> int:
+            return self.stream.seek(offset)
+
+        def read(self) -> bytes:
+            data = self.stream.read()
+            self.tally[self.path] = self.tally.get(self.path, 0) + len(data)
+            return data
+
+
+def test_logs_follow_of_a_16_node_run_reads_each_byte_of_its_logs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from swiftslurm.ops import follow as follow_module
+
+    reads = CountedReads()
+    monkeypatch.setattr(follow_module, "open", reads, raising=False)
+    monkeypatch.setattr(runs, "read_latest", lambda run_dir: pytest.fail("logs -f read the run's metrics"))
+    run_dir = make_run(tmp_path / "run")
+    records.write_status(run_dir, "running", attempt="9")
+    logs = [node_log(attempt_dir(run_dir, "9"), node) for node in range(16)]
+    for node, path in enumerate(logs):
+        log_line(path, f"node {node} up\n" * 500)  # a long history, read once
+    out, step, result = io.StringIO(), Lockstep(), []
+    follower = threading.Thread(
+        target=lambda: result.append(show_logs(run_dir, runs.state_of, follow=True, out=out, pause=step.pause))
+    )
+    follower.start()
+
+    def trained() -> None:
+        for node, path in enumerate(logs):
+            log_line(path, f"node {node} step 1\n")
+        log_line(logs[3], "node 3 st")  # a line still being written
+
+    def finished() -> None:
+        log_line(logs[3], "ep 2\n")
+        records.write_status(run_dir, "finished", attempt="9", why="reached max_steps")
+
+    step.then(lambda: None)  # a pass in which nothing was written
+    step.then(trained)
+    step.then(finished)
+    follower.join(timeout=120)
+    assert result == [0]
+    assert reads.read == {path: path.stat().st_size for path in logs}  # every byte, and each once
+    shown = out.getvalue().splitlines()
+    assert shown.count("[9/node3] node 3 step 2") == 1 and "[9/node15] node 15 step 1" in shown
+
+
+def log_line(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write(text)
+
+
+def test_the_state_logs_follow_polls_is_the_one_status_shows(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "run")
+    record_submission(run_dir, "61", "slurm")
+    records.write_status(run_dir, "failed", job_id="61", why="the trainer exited 1")
+    facts, state = runs.gather(run_dir), runs.run_state(run_dir)
+    assert (
+        (state.state, state.why, state.job_id)
+        == (facts.state, facts.why, facts.job_id)
+        == (
+            "failed",
+            "the trainer exited 1",
+            "61",
+        )
+    )

@@ -69,7 +69,7 @@ ARGV = [
     (lambda: slurm.job_times("7"), ["scontrol", "show", "job", "-o", "7"]),
     (lambda: slurm.job_start("7"), ["scontrol", "show", "job", "-o", "7"]),
     (lambda: slurm.job_alive("7"), ["squeue", "-h", "-j", "7", "-o", "%T"]),
-    (lambda: slurm.queue_states(["7", "8"]), ["squeue", "-h", "-j", "7,8", "-o", "%i %T"]),
+    (lambda: slurm.queue_states(["7", "8"]), ["squeue", "-h", "-r", "-j", "7,8", "-o", "%i %T"]),
     (lambda: slurm.accounted_states(["7", "8"]), ["sacct", "-X", "-n", "-P", "-j", "7,8", "-o", "JobID,State"]),
     (
         lambda: slurm.job_runs(["7", "8"]),
