@@ -267,16 +267,23 @@ def floors(job_ids: list[str], live: list[str], cwd: Path, real: bool) -> dict[s
     argvs = {"python -c pass": [sys.executable, "-c", "pass"]}
     if real:
         argvs["squeue"] = ["squeue", "-h", "-r", "-j", ",".join(live), "-o", "%i %T"]
-        argvs["sacct -D"] = ["sacct", "-D", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(FIELDS)]
+        argvs["sacct -D"] = [
+            "sacct",
+            "-D",
+            "-X",
+            "-n",
+            "-P",
+            "-j",
+            ",".join(job_ids),
+            "-o",
+            ",".join(slurm.JOB_RUN_FIELDS),
+        ]
     took = {}
     for name, argv in argvs.items():
         started = time.perf_counter()
         subprocess.run(argv, cwd=cwd, capture_output=True, check=True)
         took[name] = time.perf_counter() - started
     return took
-
-
-FIELDS = ("JobID", "State", "Submit", "Start", "End", "AllocNodes")  # slurm.JOB_RUN_FIELDS
 
 
 def measure(paths: dict[str, Path], repeats: int, counted: Counted, shims: Path, log: Path, cwd: Path) -> dict:
