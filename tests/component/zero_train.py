@@ -73,6 +73,11 @@ def main(mode: str, out: Path) -> None:
         losses = train(ds_engine, range(3, 5), world)
     if ds_engine.global_rank == 0:
         (out / f"losses-{world}.json").write_text(json.dumps(losses))
+    # Every rank leaves the group together, its threads joined: a process that exits with gloo's threads still
+    # running can die in their destructors ("terminate called without an active exception", SIGABRT), seen once
+    # in the component tier with the cluster tier beside it.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
