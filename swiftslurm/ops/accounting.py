@@ -72,16 +72,20 @@ def refresh(
     stale = sorted(asked_about) if ask else []
     asked: dict[str, list[dict[str, Any]]] = {}
     error = ""
+    # A row answers every id the runs know its job by (an array task's `A_i` and its raw id), asked or not: the
+    # entry under the other id would keep a stale row (RUNNING, no End) beside the fresh one.
+    known = sorted({j for d in run_dirs for j in wanted[d]})
     if stale and ask is not None:
         try:
             for row in ask(stale):
-                for job in answered(row, stale):
+                for job in answered(row, known):
                     asked.setdefault(job, []).append(row)
         except (SwiftSlurmError, OSError) as err:
             error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
     result = {}
     for d in run_dirs:
-        fresh = {j: _entry(asked.get(j), cached[d].get(j), now) for j in wanted[d] if j in stale and not error}
+        told = [j for j in wanted[d] if (j in stale or j in asked) and not error]
+        fresh = {j: _entry(asked.get(j), cached[d].get(j), now) for j in told}
         entries = {**cached[d], **fresh}
         if fresh:
             _write_cache(d, entries)
@@ -167,7 +171,9 @@ def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledg
         job, raw = str(r["job_id"]), str(r.get("raw_id") or r["job_id"])
         width = int(r["nodes"]) * devices
         allocation = ledger.Allocation(job, float(r["start"]), r.get("end"), width, r.get("submit"), raw_id=raw)
-        runs.setdefault((raw, allocation.start), allocation)
+        known = runs.get((raw, allocation.start))
+        if known is None or (known.end is None and allocation.end is not None):  # the row that saw it end wins
+            runs[(raw, allocation.start)] = allocation
     return list(runs.values())
 
 

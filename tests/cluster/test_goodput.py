@@ -83,7 +83,9 @@ def test_a_run_preempted_twice_accounts_for_every_allocated_second(tmp_path: Pat
     # The old run ends as soon as SLURM accepts the requeue (no KillWait hold): sacct's End of a run and the
     # next run's Submit are the same second, give or take sacct's rounding.
     assert ledger["requeue_hold_s"] <= 2 * 2
-    for category in ("startup", "load", "committed", "save", "restart", "finish"):
+    # Not "restart": a requeued job run ends within a second of its attempt's end, and SLURM's End, whole
+    # seconds cut down, can leave none of that inside the allocation (it is then in outside_s).
+    for category in ("startup", "load", "committed", "save", "finish"):
         assert spent[category] > 0, category
     assert spent["uncommitted"] == 0  # nothing is running any more
     assert 0 < ledger["goodput"] < 1

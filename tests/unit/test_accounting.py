@@ -174,6 +174,20 @@ def test_an_array_task_is_one_job_run_allocated_its_own_row_and_started_only_bef
     assert spent.spent_s["committed"] == (12 - 6) * 2 and spent.unaccounted_s == 0
 
 
+def test_an_array_task_seen_running_under_its_raw_id_ends_when_its_name_is_asked(tmp_path: Path) -> None:
+    """Asked while it ran, the task's row went under both ids; once it left the queue only its name (job.json's
+    `11_2`) is stale enough to ask: the fresh row must replace the RUNNING one under the raw id too, else the
+    ledger keeps an allocation without an End and charges it up to now (seen in the cluster tier: 82 s
+    allocated against sacct's 70 s)."""
+    done = array_task(tmp_path / "p", "11_2", "14", 100)
+    running = done | {"state": "RUNNING", "end": None}
+    accounting.refresh([tmp_path / "p"], FakeSacct([running]), now=110)
+    jobs, _ = accounting.refresh([tmp_path / "p"], FakeSacct([done]), now=115, left_queue={"11_2"})
+    assert jobs[tmp_path / "p"]["14"] == [done]
+    spent = accounting.run_ledger(tmp_path / "p", PlanGlance.read(tmp_path / "p"), jobs[tmp_path / "p"], now=500)
+    assert spent.allocated_s == 16 * 2
+
+
 def test_accounting_cached_before_raw_job_ids_were_read_is_asked_again(tmp_path: Path) -> None:
     run_dir = a_run(tmp_path / "a", "11_2")
     old = {k: v for k, v in row("11_2", "COMPLETED", 10, 40).items() if k != "raw_id"}
