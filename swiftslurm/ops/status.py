@@ -33,11 +33,15 @@ def collect(path: Path, use_slurm: bool = True) -> tuple[list[RunFacts], SlurmVi
     the controller unreachable sacct is not asked either: the ledger comes from the cache."""
     dirs = run_dirs(path)
     # A run whose leader wrote a final state is shown in that state whatever SLURM says: not asked about.
-    live = slurm_job_ids([d for d in dirs if not _ended(d)]) if use_slurm else []
+    ended = [d for d in dirs if _ended(d)]
+    live = slurm_job_ids([d for d in dirs if d not in ended]) if use_slurm else []
     queue = ask_queue(live) if live else None
     left = [job for job in live if queue is not None and queue.available and job not in queue.states]
     asker = accounting.ask_sacct if use_slurm and (queue is None or queue.available) else None
-    jobs, error = accounting.refresh(dirs, asker, left_queue=left)
+    # An ended run's jobs are done too: accounting cached while they ran (no End yet) is asked again at once,
+    # or the ledger would charge them up to now until the cache expired. Final rows are never asked again.
+    done = slurm_job_ids(ended) if use_slurm else []
+    jobs, error = accounting.refresh(dirs, asker, left_queue=[*left, *done])
     slurm = queue
     if queue is not None and left and not error:  # sacct unreachable: those runs show their run dir's word
         slurm = replace(queue, states={**queue.states, **accounting.newest_states(jobs, left)})

@@ -102,6 +102,26 @@ def test_a_folder_of_finished_runs_costs_no_slurm_call_once_cached(
     assert cluster.calls == []
 
 
+def test_a_run_that_ended_after_status_saw_its_job_running_is_asked_about_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's leader wrote its final state after the last `status` cached the job RUNNING: the next status
+    asks sacct again at once (not after the cache's 30 s), so the ledger ends the job where SLURM did."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": "r", "topology": {"nodes": 2}}))
+    record_submission(run_dir, "700", "slurm")
+    write_status(run_dir, "running", job_id="700")
+    cluster = Cluster(running={"700"})
+    monkeypatch.setattr(slurm, "runner", cluster)
+    status.collect(tmp_path)
+    write_status(run_dir, "finished", job_id="700")
+    cluster.running.clear()
+    cluster.calls.clear()
+    status.collect(tmp_path)
+    assert cluster.counted() == {"sacct": 1}
+
+
 def test_the_controller_unreachable_is_asked_once_and_sacct_not_at_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
