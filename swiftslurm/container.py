@@ -93,7 +93,7 @@ def oci_root_layout(image: Path, rootfs: Path, targets: list[str]) -> list[dict[
     image's root stays read-only and untouched, yet the run's mounts need mount points in it (the run dir, the
     host's Python: folders the image does not have). So every folder on the way to a mount target is a folder
     of ``rootfs``; everything else there is the image's own entry, bound read-only (a symlink copied as one)."""
-    targets = [t for t in targets if not any(_within(t, p) for p in RUNTIME_PROVIDED)]
+    targets = [t for t in targets if not any(PurePosixPath(t).is_relative_to(p) for p in RUNTIME_PROVIDED)]
     spine = {str(PurePosixPath(t).parents[i]) for t in targets for i in range(len(PurePosixPath(t).parents))}
     binds: list[dict[str, Any]] = []
     for folder in sorted(spine, key=lambda f: (f.count("/") if f != "/" else 0, f)):
@@ -117,10 +117,6 @@ def oci_root_layout(image: Path, rootfs: Path, targets: list[str]) -> list[dict[
                 mine.mkdir(exist_ok=True) if entry.is_dir() else mine.touch(exist_ok=True)
                 binds.append(_bind(str(entry), path, read_only=True))
     return binds
-
-
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def write_oci_bundle(plan: JobPlan) -> Path:

@@ -262,12 +262,8 @@ def mount_order(mount: Mount) -> tuple[str, ...]:
 
 def _covering(mounts: tuple[Mount, ...] | list[Mount], path: str) -> Mount | None:
     """The innermost mount whose target holds ``path``."""
-    holders = [m for m in mounts if _under(path, m.target)]
+    holders = [m for m in mounts if PurePosixPath(path).is_relative_to(m.target)]
     return max(holders, key=lambda m: len(m.target)) if holders else None
-
-
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _derive(given: tuple[Mount, ...], needs: list[Need]) -> tuple[Mount, ...]:
