@@ -39,21 +39,22 @@ class Cluster:
         return Counter(argv[0] for argv in self.calls)
 
 
+def submitted_run(run_dir: Path, job: str, state: str) -> None:
+    """A run dir of a 2-node plan, submitted to SLURM as ``job``, whose leader last wrote ``state``."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"run_name": run_dir.name, "topology": {"nodes": 2}}))
+    record_submission(run_dir, job, "slurm")
+    write_status(run_dir, state, job_id=job)
+
+
 def folder_of_runs(folder: Path, runs: int) -> set[str]:
     """``runs`` run dirs: a third finished, a third running, a third whose job ended without a final word.
     Returns the jobs still in the queue."""
     running = set()
     for i in range(runs):
-        run_dir = folder / f"r{i:03d}"
-        run_dir.mkdir(parents=True)
-        (run_dir / "plan.json").write_text(json.dumps({"run_name": run_dir.name, "topology": {"nodes": 2}}))
         job = str(1000 + i)
-        record_submission(run_dir, job, "slurm")
-        if i % 3 == 0:
-            write_status(run_dir, "finished", job_id=job)
-        else:
-            write_status(run_dir, "running", job_id=job)
-            running |= {job} if i % 3 == 1 else set()
+        submitted_run(folder / f"r{i:03d}", job, "finished" if i % 3 == 0 else "running")
+        running |= {job} if i % 3 == 1 else set()
     return running
 
 
@@ -88,11 +89,7 @@ def test_a_folder_of_finished_runs_costs_no_slurm_call_once_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for i in range(20):
-        run_dir = tmp_path / f"r{i}"
-        run_dir.mkdir()
-        (run_dir / "plan.json").write_text(json.dumps({"run_name": run_dir.name}))
-        record_submission(run_dir, str(500 + i), "slurm")
-        write_status(run_dir, "finished", job_id=str(500 + i))
+        submitted_run(tmp_path / f"r{i}", str(500 + i), "finished")
     cluster = Cluster(running=set())
     monkeypatch.setattr(slurm, "runner", cluster)
     status.collect(tmp_path)
@@ -108,10 +105,7 @@ def test_a_run_that_ended_after_status_saw_its_job_running_is_asked_about_at_onc
     """The run's leader wrote its final state after the last `status` cached the job RUNNING: the next status
     asks sacct again at once (not after the cache's 30 s), so the ledger ends the job where SLURM did."""
     run_dir = tmp_path / "r"
-    run_dir.mkdir()
-    (run_dir / "plan.json").write_text(json.dumps({"run_name": "r", "topology": {"nodes": 2}}))
-    record_submission(run_dir, "700", "slurm")
-    write_status(run_dir, "running", job_id="700")
+    submitted_run(run_dir, "700", "running")
     cluster = Cluster(running={"700"})
     monkeypatch.setattr(slurm, "runner", cluster)
     status.collect(tmp_path)
