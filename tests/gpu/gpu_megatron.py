@@ -3,7 +3,8 @@ resumed at the saved iteration + 1, finished; final loss against an uninterrupte
 the wrapper's cost: iterations/s under swiftslurm ÷ the same command run directly. See docs/gpu.md.
 
     python -m tests.gpu.gpu_megatron --assets DIR --out OUT matrix [--cases full,lora,moe] [--gpus 1]
-    python -m tests.gpu.gpu_megatron --assets DIR --out OUT overhead [--pairs 3] [--case full]
+    python -m tests.gpu.gpu_megatron --assets DIR --out OUT overhead [--pairs 3] [--case full] [--warmup]
+        [--first-pair K] [--partial-arms plugin,callbacks]
 
 The assets are ../shared/gpu-megatron's random Qwen3 (make_assets.py: DIR/model, DIR/train.jsonl) and
 Qwen3-MoE (make_moe.py: DIR/moe). Jobs are emulated as in tests/gpu/gpu_matrix.py (gpu_common.FakeJob: srun's
@@ -14,11 +15,13 @@ Progress is read where the engine adapter reads it (output/logging.jsonl: Megatr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import tarfile
 import time
@@ -237,8 +240,31 @@ def matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
     return results
 
 
-def direct_run(args: argparse.Namespace, case: Case, root: Path, job_id: int) -> dict[str, Any]:
-    """The same plan's command without swiftslurm: no wrapper, no plugin, no callbacks."""
+TIMER = REPO / "tests" / "gpu" / "megatron_call_timer.py"  # both arms get it: the per-callback breakdown
+CALL_TIMES_ENV = "SWIFTSLURM_BENCH_CALL_TIMES"
+# The arms besides the two the pairs compare: what swiftslurm adds, a part at a time.
+#   plugin:    the direct command plus swiftslurm's plugin imported (signal masks, stack dump), no callbacks
+#   callbacks: the plan's own command (plugin and callbacks) without the wrapper
+#   blocks:    the wrapper, swiftslurm's parts switched off and on in blocks inside one run (megatron_call_timer)
+PARTIAL_ARMS = ("plugin", "callbacks", "blocks")
+
+
+def arm_argv(plan_argv: list[str], arm: str) -> list[str]:
+    """The command an arm runs without the wrapper: ``direct`` has neither swiftslurm's plugin nor its callbacks,
+    ``plugin`` the plugin only, ``callbacks`` both (the plan's argv as the wrapper would start it)."""
+    if arm == "callbacks":
+        return list(plan_argv)
+    plain = plain_swift_argv(plan_argv, ENGINE)
+    if arm == "direct":
+        return plain
+    if "--external_plugins" in plain:  # the timer's: swiftslurm's goes beside it
+        at = plain.index("--external_plugins") + 1
+        return [*plain[:at], str(ENGINE.plugin), *plain[at:]]
+    return [*plain, "--external_plugins", str(ENGINE.plugin)]
+
+
+def unwrapped_run(args: argparse.Namespace, case: Case, root: Path, job_id: int, arm: str) -> dict[str, Any]:
+    """The same plan's command without the wrapper (`arm_argv`), with the wrapper's environment for the rank."""
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     run_dir = root / "run"
@@ -247,46 +273,150 @@ def direct_run(args: argparse.Namespace, case: Case, root: Path, job_id: int) ->
     job = FakeJob(job_id, hosts_for(["gpu-n0"]), [list(range(case.gpus))], root / "slurm", dict(os.environ))
     node_env = job.node_env(0)
     env = {**node_env, **dict(plan.env), **rank_env(SlurmEnv.from_environ(node_env), plan)}
-    argv = plain_swift_argv(swift_command(plan), ENGINE)
+    env[CALL_TIMES_ENV] = str(root / "call-times.json")
+    argv = arm_argv(list(swift_command(plan)), arm)
     started = time.time()
-    with open(root / "direct.log", "wb") as log:
+    with open(root / f"{arm}.log", "wb") as log:
         code = subprocess.call(argv, env=env, cwd=run_dir, stdout=log, stderr=subprocess.STDOUT)
     return {"exit_code": code, "wall_s": round(time.time() - started, 1), **speed(run_dir)}
 
 
+def wrapped_run(args: argparse.Namespace, case: Case, root: Path, job_id: int, toggle_block: int = 0) -> dict[str, Any]:
+    """The node wrapper, saved only at the end as the other arms: no save inside the window measured. With
+    ``toggle_block``, swiftslurm's parts are switched off and on in blocks inside the run (megatron_call_timer)."""
+    added = {CALL_TIMES_ENV: str(root / "call-times.json")}  # FakeJob copies os.environ into each node
+    if toggle_block:
+        added[TOGGLE_ENV] = str(toggle_block)
+    os.environ.update(added)
+    try:
+        row = run_job(args, case, root, job_id, preempt=False, save_steps=args.iters) | speed(root / "run")
+    finally:
+        for name in added:
+            del os.environ[name]
+    row.pop("losses", None)
+    return row
+
+
+TOGGLE_ENV = "SWIFTSLURM_BENCH_TOGGLE_BLOCK"
+PHASES = ("all on", "wrapper stopped", "swiftslurm callbacks skipped", "both")
+
+
+def phase_paces(durations: list[tuple[int, float]], phases: dict[int, int]) -> dict[str, Any]:
+    """Median iteration time per phase of a toggled run, and each phase's pace ÷ the all-on phase's (above 1:
+    that part costs). The first iteration of each block is left out: the switch happens inside it."""
+    by_phase: dict[int, list[float]] = {}
+    for k, d in durations:
+        if k in phases and phases.get(k - 1) == phases[k]:
+            by_phase.setdefault(phases[k], []).append(d)
+    medians = {p: statistics.median(v) for p, v in by_phase.items()}
+    base = medians.get(0)
+    return {
+        PHASES[p]: {
+            "median_s": round(m, 5),
+            "iterations": len(by_phase[p]),
+            "pace_vs_all_on": round(base / m, 4) if base else None,
+        }
+        for p, m in sorted(medians.items())
+    }
+
+
 def speed(run_dir: Path) -> dict[str, Any]:
-    """Iterations/s from train begin to the last iteration (Megatron's own `train_speed(s/it)`, logged before
-    the final save), so start-up and saving are outside the window in both arms alike."""
+    """Iterations/s from train begin to the last iteration: Megatron's own `train_speed(s/it)` at the last
+    logged iteration, so start-up and saving are outside the window in both arms alike. And the steady pace:
+    the median of the single iterations after the first WARM_ITERATIONS (a warm-up kernel choice or one slow
+    iteration of the shared host moves the window's mean, not this)."""
     rows = [e for e in read_jsonl(run_dir / "output" / "logging.jsonl") if "train_speed(s/it)" in e]
-    return {"it_per_s": round(1 / float(rows[-1]["train_speed(s/it)"]), 3)} if rows else {"error": "no speed"}
+    if not rows:
+        return {"error": "no speed"}
+    durations = [d for _, d in iteration_durations(rows)]
+    steady = durations[WARM_ITERATIONS:] or durations
+    return {
+        "it_per_s": round(1 / float(rows[-1]["train_speed(s/it)"]), 4),
+        "steady_it_per_s": round(1 / statistics.median(steady), 4) if steady else None,
+        "iteration_s": [round(d, 5) for d in durations],
+    }
+
+
+WARM_ITERATIONS = 5
+
+
+def iteration_durations(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(iteration, its duration) of each logged iteration, from Megatron-SWIFT's progress rows (logging_steps=1)
+    of the last trainer run in them: its `train_speed(s/it)` is the time since train begin over the iterations
+    since then, so iteration K's elapsed time is pace × (K - first + 1), and the differences are the single
+    iterations.
+    Rows without a pace (an evaluation's) are skipped; a row that goes back starts another run (resumed from an
+    older checkpoint). A run resumed right after the last row cannot be told from its rows: the bench's are fresh."""
+    points: list[tuple[int, float]] = []
+    for row in rows:
+        done = str(row.get("iteration", "")).split("/")[0]
+        if done.isdigit() and row.get("train_speed(s/it)") is not None:
+            if points and int(done) <= points[-1][0]:
+                points = []
+            points.append((int(done), float(row["train_speed(s/it)"])))
+    if not points:
+        return []
+    start = points[0][0] - 1  # the iteration the loop began after (0 on a fresh run)
+    elapsed = [(k, pace * (k - start)) for k, pace in points]
+    return [(k, (t - t0) / (k - k0)) for (k0, t0), (k, t) in itertools.pairwise(elapsed) if k > k0]
 
 
 def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Interleaved pairs (the order alternates, so drift on the shared host hits both arms alike)."""
-    case, rows = CASES[args.case], []
-    for pair in range(args.pairs):
-        arms = ("swiftslurm", "direct") if pair % 2 == 0 else ("direct", "swiftslurm")
-        for arm in arms:
-            root = Path(args.runs) / f"overhead-{pair}-{arm}"
-            job_id = 8200 + pair * 2 + arms.index(arm)
-            if arm == "direct":
-                row = direct_run(args, case, root, job_id)
-            else:
-                # Saved only at the end, as the direct arm: the window measured holds no save in either.
-                row = run_job(args, case, root, job_id, preempt=False, save_steps=args.iters) | speed(root / "run")
-                row.pop("losses", None)
-            rows.append({"pair": pair, "arm": arm, **row})
-            print(f"[overhead] pair {pair} {arm}: {rows[-1].get('it_per_s')} it/s", flush=True)
-            if not args.keep_runs:
-                shutil.rmtree(root / "run" / "output" / f"checkpoint-{args.iters}", ignore_errors=True)
-    ratios = []
-    for pair in range(args.pairs):
-        by_arm = {r["arm"]: r.get("it_per_s") for r in rows if r["pair"] == pair}
-        if by_arm.get("swiftslurm") and by_arm.get("direct"):
-            ratios.append(by_arm["swiftslurm"] / by_arm["direct"])
-    if ratios:
-        print(f"[overhead] swiftslurm / direct iterations/s: {spread(ratios)}", flush=True)
-    return [*rows, {"ratios": ratios, "spread": spread(ratios) if ratios else None}]
+    """Interleaved pairs (the order alternates, so drift on the shared host hits both arms alike), after a
+    discarded warm-up run; with `--partial-arms`, one run of each partial arm after each pair. Every run is
+    appended to OUT/megatron-overhead.jsonl as it ends, so a call cut short keeps what it measured, and
+    `--first-pair` continues the numbering in a later call on the same warm machine."""
+    case, rows = CASES[args.case], list[dict[str, Any]]()
+    args.override = [*args.override, f"swift.external_plugins=['{TIMER}']"]
+    log = Path(args.out) / "megatron-overhead.jsonl"
+    plan: list[tuple[int, str]] = [(-1, "warmup")] if args.warmup else []
+    for pair in range(args.first_pair, args.first_pair + args.pairs):
+        plan += [(pair, arm) for arm in (("swiftslurm", "direct") if pair % 2 == 0 else ("direct", "swiftslurm"))]
+        plan += [(pair, arm) for arm in args.partial_arms.split(",") if arm]
+    for pair, arm in plan:
+        root = Path(args.runs) / f"overhead-{pair}-{arm}"
+        job_id = 8200 + len(rows)
+        began = time.time()
+        if arm == "swiftslurm":
+            row = wrapped_run(args, case, root, job_id)
+        elif arm == "blocks":
+            planned, args.iters = args.iters, args.blocks_iters
+            try:
+                row = wrapped_run(args, case, root, job_id, toggle_block=args.toggle_block)
+            finally:
+                args.iters = planned
+        else:
+            row = unwrapped_run(args, case, root, job_id, "direct" if arm == "warmup" else arm)
+        times = root / "call-times.json"
+        row |= {"pair": pair, "arm": arm, "began": round(began, 1)}
+        row["call_times"] = json.loads(times.read_text()) if times.is_file() else None
+        if arm == "blocks" and row["call_times"]:
+            progress_rows = read_jsonl(root / "run" / "output" / "logging.jsonl")
+            phases = {int(k): v for k, v in row["call_times"].pop("phases", {}).items()}
+            row["phases"] = phase_paces(iteration_durations(progress_rows), phases)
+        rows.append(row)
+        with open(log, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        pace = f"{row.get('it_per_s')} it/s, steady {row.get('steady_it_per_s')}"
+        print(f"[overhead] pair {pair} {arm}: {pace}", flush=True)
+        if not args.keep_runs:
+            shutil.rmtree(root / "run" / "output", ignore_errors=True)
+    summary = pair_ratios(rows)
+    print(f"[overhead] swiftslurm / direct: {json.dumps(summary)}", flush=True)
+    return [*rows, summary]
+
+
+def pair_ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """swiftslurm ÷ direct per pair, window and steady pace, with min/median/max."""
+    out: dict[str, Any] = {}
+    for key in ("it_per_s", "steady_it_per_s"):
+        ratios = []
+        for pair in sorted({r["pair"] for r in rows if r["pair"] >= 0}):
+            by_arm: dict[str, float] = {r["arm"]: r[key] for r in rows if r["pair"] == pair and r.get(key)}
+            if "swiftslurm" in by_arm and "direct" in by_arm:
+                ratios.append(round(by_arm["swiftslurm"] / by_arm["direct"], 4))
+        out[key] = {"ratios": ratios, "spread": spread(ratios) if ratios else None}
+    return out
 
 
 def capture(runs: Path, out: Path) -> None:
@@ -313,6 +443,11 @@ def main() -> None:
     parser.add_argument("--cases", default="full,lora,moe")
     parser.add_argument("--case", default="full", help="overhead: the case measured")
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--first-pair", type=int, default=0, help="overhead: the first pair's number")
+    parser.add_argument("--warmup", action="store_true", help="overhead: one discarded direct run first")
+    parser.add_argument("--toggle-block", type=int, default=8, help="the blocks arm: iterations per block")
+    parser.add_argument("--blocks-iters", type=int, default=168, help="the blocks arm's iterations (8 + 4 × 8 × 5)")
+    parser.add_argument("--partial-arms", default="", help=f"overhead: after each pair, one of {PARTIAL_ARMS}")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--save-steps", type=int, default=10)
     parser.add_argument("--preempt-at", type=int, default=5)
