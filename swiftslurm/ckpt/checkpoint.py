@@ -208,6 +208,14 @@ class ResumePoint:
     restored: str | None = None  # where ``checkpoint`` was downloaded from (object storage), this attempt
 
 
+def newest_manifest(output_dir: Path) -> Path | None:
+    """The newest checkpoint with its manifest: committed, as far as a look at the run can tell. Its files are
+    not checked against the manifest (`newest_committed` does that, where an attempt resumes): a ZeRO-3 or
+    Megatron checkpoint of a large job has hundreds of files, and `status` over many runs on NFS would stat
+    each of them at every call."""
+    return next((path for _, path in reversed(checkpoint_dirs(output_dir)) if is_committed(path)), None)
+
+
 def newest_committed(output_dir: Path) -> tuple[Path | None, list[str]]:
     """The newest checkpoint whose manifest exists and whose files match it, and why newer ones did not."""
     rejected: list[str] = []

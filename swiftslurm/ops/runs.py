@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from swiftslurm import slurm as slurm_cli
-from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
+from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_manifest
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.ops.accounting import STATUS_ASKS, run_ledger
 from swiftslurm.ops.ledger import Ledger
@@ -148,7 +148,7 @@ def gather(
     state, why, job_id, slurm_state = decided.state, decided.why, decided.job_id, decided.slurm_state
     attempts = read_attempts(run_dir)
     metrics = read_latest(run_dir)
-    committed, _ = newest_committed(output_dir(run_dir))
+    committed = newest_manifest(output_dir(run_dir))
     batch = plan.batch.global_ if plan.batch else None
     spent = run_ledger(run_dir, plan, jobs, running=state == "running", recorded=attempts)
     return RunFacts(

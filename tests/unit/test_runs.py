@@ -204,3 +204,28 @@ def test_a_local_run_whose_leader_held_the_lease_is_the_local_jobs(tmp_path: Pat
     assert isinstance(lease.acquire(run_dir, SlurmEnv.from_environ({}), "local-1", alive=lambda job: True), lease.Lease)
     assert submission(run_dir)["job_id"] == "999999999"
     assert gather(run_dir).state == "failed"  # its process is gone, without a final word: not `pending`
+
+
+def test_the_committed_step_is_read_from_manifests_without_a_look_at_each_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A large job's checkpoint has hundreds of files; `status` over many runs must not stat them all: the
+    # manifest says the step is committed, and an attempt checks its files when it resumes from it.
+    run_dir = tmp_path / "big"
+    write_run(run_dir, [3.0, 2.5])
+    older = run_dir / "output" / "checkpoint-1"
+    older.mkdir()
+    (older / "adapter.bin").write_bytes(b"w")
+    commit(older, world_size=2, swift_version="test")
+    (run_dir / "output" / "checkpoint-3").mkdir()  # a save in progress: no manifest yet
+    stats: list[str] = []
+    real_stat = Path.stat
+
+    def counted_stat(self: Path, *args: object, **kwargs: object) -> object:
+        if "checkpoint-" in str(self) and self.name != "manifest.json":
+            stats.append(self.name)
+        return real_stat(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", counted_stat)
+    assert gather(run_dir).committed_step == 2
+    assert "adapter.bin" not in stats
