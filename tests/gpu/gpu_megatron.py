@@ -294,7 +294,18 @@ def wrapped_run(args: argparse.Namespace, case: Case, root: Path, job_id: int, t
         for name in added:
             del os.environ[name]
     row.pop("losses", None)
+    row["wrapper_cpu"] = wrapper_cpu_lines(root)  # the wrappers' own logs (FakeJob: root/wrapperN.rK.log)
     return row
+
+
+def wrapper_cpu_lines(run_dir: Path) -> list[str]:
+    """The wrapper's own account of its CPU time while training ran (watch.py's line in each node log)."""
+    return [
+        line.strip()
+        for log in sorted(run_dir.rglob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "[swiftslurm] wrapper:" in line
+    ]
 
 
 TOGGLE_ENV = "SWIFTSLURM_BENCH_TOGGLE_BLOCK"
