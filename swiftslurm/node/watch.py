@@ -43,6 +43,17 @@ from swiftslurm.slurm_env import AttemptShape, SlurmEnv, rank_env
 from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
+# A node waiting for another's word (the resume point, the outcome) looks this often for its first FAST_POLL_FOR_S:
+# the leader's word usually comes within a fraction of a second, and a 0.5 s sleep cost most of one per attempt.
+FAST_POLL_S = 0.05
+FAST_POLL_FOR_S = 1.0
+
+
+def wait_pause(waited_s: float) -> float:
+    """How long a node waiting for another's file sleeps before it looks again, ``waited_s`` into the wait."""
+    return FAST_POLL_S if waited_s < FAST_POLL_FOR_S else POLL_S
+
+
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
 # How long a KILLed trainer's processes may take to be gone once a stop signal came (launch.TREE_EXIT_S otherwise):
 # node 0 must still conclude and requeue within KILL_MARGIN_S, and SLURM ends what is left with the job.
