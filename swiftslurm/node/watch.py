@@ -153,6 +153,8 @@ def train(
     log_path = node_log_path(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
+    # What this node's wrapper cost before its trainer: its CPU is its own, its wall time shares the node's cores.
+    print(startup_cost_line(cpu_before, started), flush=True)
     watch = ProgressWatch(progress_file(log_path.parent), started)
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
@@ -420,6 +422,11 @@ def nothing_to_train(signals: list[tuple[int, float]] | None = None, started: fl
 def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:
     """The log line that says what watching the trainer cost (bench/gpu_overhead.py reads it)."""
     return f"[swiftslurm] wrapper: {cpu_s:.2f} CPU-s while training ran {wall_s:.0f} s"
+
+
+def startup_cost_line(cpu_s: float, at: float) -> str:
+    """The wrapper's CPU seconds up to its trainer's launch (imports, preflight, the resume point) and when."""
+    return f"[swiftslurm] wrapper start-up: {cpu_s:.3f} CPU-s; trainer launched at {at:.3f}"
 
 
 def _own_cpu_s() -> float:
