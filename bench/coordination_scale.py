@@ -260,14 +260,24 @@ def one_repeat(root: Path, nodes: int, tag: str, shim: Path, calls_log: Path, lo
     )
 
 
+def stop_checkpoint(run_dir: Path, requeued: float) -> tuple[float, Path]:
+    """(committed_at, folder) of the newest checkpoint committed before the requeue: the stop checkpoint. The
+    bench's scancel of the resumed job commits another one later, which is not it."""
+    committed = []
+    for manifest in run_dir.glob("output/**/checkpoint-*/" + MANIFEST):
+        at = float(json.loads(manifest.read_text())["committed_at"])
+        if at < requeued:
+            committed.append((at, manifest.parent))
+    return max(committed)
+
+
 def measure(run_dir: Path, job: str, nodes: int, seen: dict[str, Any]) -> dict[str, Any]:
     texts = node_logs(run_dir, job, nodes)
     ups = [wrapper_ups(text) for text in texts]
     launched = [startups(text) for text in texts]
     stopped = attempts(run_dir)[0]
-    checkpoint = max(run_dir.glob("output/**/checkpoint-*/" + MANIFEST), key=lambda p: p.stat().st_mtime).parent
-    committed = json.loads((checkpoint / MANIFEST).read_text())["committed_at"]
     requeued, allocated = requeue_marks(job)
+    committed, checkpoint = stop_checkpoint(run_dir, requeued)
     signalled = next(t for name, t in stopped["signals"] if name == "SIGUSR2")
     saved = written_at(checkpoint)
     start_own = own_start([u[0] for u in ups], [lc[0][1] for lc in launched])
