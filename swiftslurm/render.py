@@ -12,7 +12,7 @@ from swiftslurm import container
 from swiftslurm.errors import ConfigError
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir.layout import LOGS, SLURM_LOG
-from swiftslurm.slurm_env import may_shrink
+from swiftslurm.slurm_env import JOB_RUN_ENV, may_shrink
 
 NODE_ENTRY = ("-m", "swiftslurm.node")  # what srun runs on every node: python -m swiftslurm.node RUN_DIR
 
@@ -84,11 +84,22 @@ def render_sbatch(plan: JobPlan) -> str:
     for option, value in sbatch_directives(plan):
         lines.append(f"#SBATCH --{option}={sbatch_value(option, value)}" if value else f"#SBATCH --{option}")
     # -u only after cluster.setup: module and venv/conda activation scripts read unset variables.
-    lines += ["", "set -eo pipefail", *plan.setup, "set -u", *task_count_lines(plan), ""]
+    lines += ["", "set -eo pipefail", *plan.setup, "set -u", *job_run_lines(), *task_count_lines(plan), ""]
     node = [*container.python_argv(plan), *NODE_ENTRY, plan.run_dir]
     srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered", *container.srun_args(plan), *node]
     lines.append(shlex.join(srun))
     return "\n".join(lines) + "\n"
+
+
+def job_run_lines() -> list[str]:
+    """Batch-script lines that name this run of the job once, for every node: `<job id>@<batch start>`
+    (slurm_env.JOB_RUN_ENV, the nonce of rundir/lease.py). The batch script runs once per run of the job, a
+    requeue runs it again, so the name changes with each; without it every node's wrapper asked `scontrol
+    show job` for the start time, one controller call per node per attempt."""
+    return [
+        "# This run of the job, the same on every node (the resume point's nonce; no scontrol call per node).",
+        f'export {JOB_RUN_ENV}="${{SLURM_JOB_ID:-}}@$(date +%s.%N)"',
+    ]
 
 
 def task_count_lines(plan: JobPlan) -> list[str]:

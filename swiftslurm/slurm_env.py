@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 HostExpander = Callable[[str], list[str]]
 
+# `<job id>@<when its batch script started>`, exported once per run of the job by the batch script
+# (render.job_run_lines): the job run's nonce (rundir/lease.py), the same on every node without asking SLURM.
+JOB_RUN_ENV = "SWIFTSLURM_JOB_RUN"
+
 
 def expand_hostlist(text: str) -> list[str]:
     """'gpu-a[001-003,010],gpu-b7' -> ['gpu-a001', 'gpu-a002', 'gpu-a003', 'gpu-a010', 'gpu-b7'], by python-hostlist,
@@ -181,6 +185,8 @@ class SlurmEnv:
     # SLURM_JOB_END_TIME: the job's end as SLURM projected it at the start (seconds since the epoch; a preemption
     # later moves the real one earlier, which only `scontrol show job` says); None: not set.
     end_time: float | None = None
+    # JOB_RUN_ENV: this run of the job, named by its batch script; None: not set (a hand-written script).
+    job_run: str | None = None
 
     @property
     def in_slurm(self) -> bool:
@@ -204,12 +210,19 @@ class SlurmEnv:
             num_tasks=int(env.get("SLURM_NTASKS", "1")),
             restart_count=int(env.get("SLURM_RESTART_COUNT", "0")),
             end_time=_epoch(env.get("SLURM_JOB_END_TIME")),
+            job_run=_job_run(env.get(JOB_RUN_ENV), env["SLURM_JOB_ID"]),
         )
 
     @classmethod
     def local(cls, env: Mapping[str, str]) -> SlurmEnv:
         """Not under srun: a single node. submitit's local executor names the job by its PID."""
         return cls(job_id=env.get("SUBMITIT_LOCAL_JOB_ID"), hosts=(), node_id=0, num_nodes=1, proc_id=0, num_tasks=1)
+
+
+def _job_run(value: str | None, job_id: str) -> str | None:
+    """JOB_RUN_ENV when it names this job (a variable exported into another job's environment, e.g. by an
+    sbatch run from inside a job, names that job: not ours); else None."""
+    return value if value and value.startswith(f"{job_id}@") else None
 
 
 def _epoch(value: str | None) -> float | None:

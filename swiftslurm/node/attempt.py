@@ -61,7 +61,14 @@ from swiftslurm.plan import JobPlan
 from swiftslurm.preflight import checks as preflight_checks
 from swiftslurm.preflight import gather as preflight
 from swiftslurm.rundir import lease, records
-from swiftslurm.rundir.layout import LEADER_BEAT, attempt_dir, node_log, node_result, resume_file
+from swiftslurm.rundir.layout import (
+    LEADER_BEAT,
+    attempt_dir,
+    node_log,
+    node_result,
+    nodes_with_results,
+    resume_file,
+)
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
 from swiftslurm.storage.store import CheckpointStore
@@ -481,7 +488,9 @@ class _PeerFailed:
     where: SlurmEnv
 
     def failed(self) -> bool:
-        peers = (n for n in range(max(self.where.num_nodes, 1)) if n != self.where.node_id)
+        # Asked at every poll of the trainer: only the results that are there are read (one listing, not a stat
+        # of each peer's file: that was N(N-1) operations per poll on the shared run dir over all nodes).
+        peers = nodes_with_results(self.attempt_dir) - {self.where.node_id}
         return any(records.read_node_exit_code(node_result(self.attempt_dir, n)) not in (None, 0) for n in peers)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swiftslurm.node.heartbeat import leader_silence
-from swiftslurm.node.watch import POLL_S
+from swiftslurm.node.watch import wait_pause
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, OUTCOME
 
@@ -39,7 +39,7 @@ def wait_for(attempt_dir: Path, nonce: str | None) -> Outcome:
         if (silence := leader_silence(attempt_dir / LEADER_BEAT, time.time(), waiting_since)) is not None:
             print(f"[swiftslurm] {silence}; it has not published {path}: this node ends its attempt", flush=True)
             return Outcome(END)
-        time.sleep(POLL_S)
+        time.sleep(wait_pause(time.time() - waiting_since))
     return found
 
 

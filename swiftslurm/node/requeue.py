@@ -6,12 +6,14 @@ the job is requeued, a failure to set its back-off or exclusions is only logged:
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import NoReturn
 
 from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import SwiftSlurmError
 from swiftslurm.node import decide
 from swiftslurm.plan import JobPlan
+from swiftslurm.rundir import records
 from swiftslurm.signals import ignore_from_now_on
 from swiftslurm.slurm_env import SlurmEnv, configured_exclusions
 
@@ -43,7 +45,7 @@ def requeue(where: SlurmEnv, plan: JobPlan, decision: decide.Decision) -> NoRetu
             print(f"[swiftslurm] job {job} is requeued, but without {', '.join(updates)}: {err}", flush=True)
     if decision.nodes is not None:
         _set_node_count(job, decision.nodes, _cpus_per_task(plan))
-    if not _excluded(plan, decision):  # clear exclusions that expired (ExcNodeList stays on a requeued job)
+    if not _excluded(plan, decision) and _excluded_before(plan):  # ExcNodeList stays on a requeued job: clear it
         try:
             slurm_cli.update_job(job, {"ExcNodeList": ""})
         except SwiftSlurmError as err:  # the job keeps its old exclusions: it still runs, on fewer nodes
@@ -77,6 +79,13 @@ def _updates(plan: JobPlan, decision: decide.Decision) -> dict[str, str]:
     if decision.delay_s > 0:
         updates["StartTime"] = f"now+{int(decision.delay_s)}"
     return updates
+
+
+def _excluded_before(plan: JobPlan) -> bool:
+    """Whether an earlier requeue of this run may have left hosts in the job's ExcNodeList (an attempt decided to
+    exclude some): only then is there anything to clear. Without one, the clearing `scontrol update` was a
+    controller call on every requeue for nothing."""
+    return any(attempt.exclude_hosts for attempt in records.read_attempts(Path(plan.run_dir)))
 
 
 def _excluded(plan: JobPlan, decision: decide.Decision) -> list[str]:

@@ -28,7 +28,7 @@ from swiftslurm.ckpt.checkpoint import (
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import NodeError, StorageError, SwiftSlurmError
 from swiftslurm.node.heartbeat import LeaderBeat, leader_silence
-from swiftslurm.node.watch import POLL_S
+from swiftslurm.node.watch import POLL_S, wait_pause
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import LEADER_BEAT, RESUME, node_log
@@ -205,7 +205,7 @@ def _wait_for_choice(
                 f"{path.parent.parent.parent} --node 0` shows both); the next attempt resumes from the newest "
                 "committed checkpoint."
             )
-        time.sleep(POLL_S)
+        time.sleep(wait_pause(time.time() - waiting_since))
     if chosen.get("signalled"):
         raise Interrupted("node 0 ended the attempt before training: a stop signal came first")
     if chosen.get("unrestored"):

@@ -43,6 +43,17 @@ from swiftslurm.slurm_env import AttemptShape, SlurmEnv, rank_env
 from swiftslurm.storage.sync import NodeSync
 
 POLL_S = 0.5
+# A node waiting for another's word (the resume point, the outcome) looks this often for its first FAST_POLL_FOR_S:
+# the leader's word usually comes within a fraction of a second, and a 0.5 s sleep cost most of one per attempt.
+FAST_POLL_S = 0.05
+FAST_POLL_FOR_S = 1.0
+
+
+def wait_pause(waited_s: float) -> float:
+    """How long a node waiting for another's file sleeps before it looks again, ``waited_s`` into the wait."""
+    return FAST_POLL_S if waited_s < FAST_POLL_FOR_S else POLL_S
+
+
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
 # How long a KILLed trainer's processes may take to be gone once a stop signal came (launch.TREE_EXIT_S otherwise):
 # node 0 must still conclude and requeue within KILL_MARGIN_S, and SLURM ends what is left with the job.
@@ -142,6 +153,8 @@ def train(
     log_path = node_log_path(run_dir, attempt, where)
     started = time.time()
     cpu_before = _own_cpu_s()
+    # What this node's wrapper cost before its trainer: its CPU is its own, its wall time shares the node's cores.
+    print(startup_cost_line(cpu_before, started), flush=True)
     watch = ProgressWatch(progress_file(log_path.parent), started)
     env = trainer_env(plan, where, run_dir, lease_token, attempt)
     env[TIMELINE_ENV] = str(trainer_timeline(log_path.parent))
@@ -409,6 +422,11 @@ def nothing_to_train(signals: list[tuple[int, float]] | None = None, started: fl
 def wrapper_cost_line(cpu_s: float, wall_s: float) -> str:
     """The log line that says what watching the trainer cost (bench/gpu_overhead.py reads it)."""
     return f"[swiftslurm] wrapper: {cpu_s:.2f} CPU-s while training ran {wall_s:.0f} s"
+
+
+def startup_cost_line(cpu_s: float, at: float) -> str:
+    """The wrapper's CPU seconds up to its trainer's launch (imports, preflight, the resume point) and when."""
+    return f"[swiftslurm] wrapper start-up: {cpu_s:.3f} CPU-s; trainer launched at {at:.3f}"
 
 
 def _own_cpu_s() -> float:

@@ -55,6 +55,8 @@ Only names and paths here (no I/O, no imports beyond pathlib): the node side imp
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 RUN_DIR_MODE = 0o750
@@ -102,6 +104,7 @@ RESERVE = "reserve"  # disk space held for the records while the trainer runs (r
 RESERVE_FILE = "node{node}"  # in reserve/
 NODE_LOG = "node{node}.log"  # in logs/<attempt>/
 NODE_RESULT = "node{node}.json"  # in logs/<attempt>/
+_NODE_RESULT_NAME = re.compile(r"node(\d+)\.json")  # NODE_RESULT's names
 # in logs/<attempt>/: the phase and error of a node other than 0 whose wrapper raised; srun then ends the whole
 # step, node 0 included, often before node 0 records anything, so this is the run's only word on how it ended
 WRAPPER_FAILURE = "wrapper_failed{node}.json"
@@ -152,6 +155,17 @@ def progress_file(attempt_dir: Path) -> Path:
 
 def node_result(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / NODE_RESULT.format(node=node)
+
+
+def nodes_with_results(attempt_dir: Path) -> set[int]:
+    """The nodes that wrote a result in ``attempt_dir`` (NODE_RESULT), from one listing of it. Nodes that wait on
+    their peers' results look at every poll: a stat of each peer's file was N-1 operations per node per poll on the
+    shared run dir, N(N-1) together; one listing is one per node."""
+    try:
+        names = os.listdir(attempt_dir)
+    except FileNotFoundError:
+        return set()
+    return {int(match[1]) for name in names if (match := _NODE_RESULT_NAME.fullmatch(name))}
 
 
 def wrapper_failure_file(attempt_dir: Path, node: int) -> Path:

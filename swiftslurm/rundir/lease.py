@@ -20,7 +20,9 @@ lists the generations afresh and acts only while its own is the newest. The wrap
 poll of the trainer and ends it once the lease is gone. The trainer gets the token through the environment
 (TOKEN_ENV) and writes it into each manifest. docs/resilience.md, "Fencing", says what this guarantees where.
 
-The nonce (`<job id>@<SLURM start time>`) names one run of one job: the leader writes it into resume.json,
+The nonce (`<job id>@<batch script start>`, exported once per run of the job by its batch script as
+SWIFTSLURM_JOB_RUN; `<job id>@<SLURM start time>` from `scontrol show job` for a hand-written script without it)
+names one run of one job: the leader writes it into resume.json,
 and a follower accepts only a resume.json with its own job run's nonce. Job ids restart at 1 on a wiped
 cluster, so logs/<attempt>/resume.json may be a stale one from an earlier job with the same id.
 """
@@ -208,9 +210,12 @@ def job_alive(job: str) -> bool:
 
 def nonce(where: SlurmEnv) -> str | None:
     """`<job id>@<start time>`: this run of this SLURM job, the same on every node (None outside SLURM,
-    where one node is the whole job)."""
+    where one node is the whole job). The batch script's SWIFTSLURM_JOB_RUN when it exported one (no controller
+    call: asked by every node, SLURM's StartTime cost one `scontrol show job` per node and attempt)."""
     if not where.in_slurm or where.job_id is None:
         return None
+    if where.job_run is not None:
+        return where.job_run
     job = where.job_id
     try:
         return f"{job}@{slurm_cli.job_start(job)}"

@@ -28,6 +28,7 @@ from swiftslurm.rundir.layout import (
     STATUS,
     SUBMIT_REFUSED,
     node_result,
+    nodes_with_results,
     wrapper_failure_file,
     wrapper_failure_files,
 )
@@ -284,7 +285,8 @@ def silent_hosts(attempt_dir: Path, hosts: tuple[str, ...], wait_s: float, poll_
     """Hosts whose wrapper wrote no result within ``wait_s``: lost nodes (or killed wrappers)."""
     deadline = time.time() + wait_s
     while True:
-        missing = [h for i, h in enumerate(hosts) if not node_result(attempt_dir, i).is_file()]
+        written = nodes_with_results(attempt_dir)
+        missing = [h for i, h in enumerate(hosts) if i not in written]
         if not missing or time.time() >= deadline:
             return missing
         time.sleep(poll_s)

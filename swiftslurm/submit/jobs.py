@@ -20,7 +20,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.planning.validate import NO_TIME_LIMIT
-from swiftslurm.render import task_count_lines
+from swiftslurm.render import job_run_lines, task_count_lines
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.rundir import records
 from swiftslurm.rundir.jsonio import write_text_atomic
@@ -109,7 +109,7 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
         "timeout_min": spec.time_min,
         "slurm_partition": spec.partition,
         "slurm_signal_delay_s": int(spec.signal.split("@")[1]),
-        "slurm_setup": [*plan.setup, *task_count_lines(plan)],
+        "slurm_setup": [*plan.setup, *job_run_lines(), *task_count_lines(plan)],
         "slurm_additional_parameters": extra,
         "slurm_srun_args": ["--kill-on-bad-exit=1", *container.srun_args(plan)],
     }

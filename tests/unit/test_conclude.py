@@ -234,15 +234,28 @@ def test_exclusions_never_leave_fewer_nodes_than_the_job_needs(
     assert decision.action is Action.REQUEUE and decision.exclude_hosts == ()
 
 
-def test_a_requeue_without_exclusions_clears_the_jobs_old_ones(
-    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def requeue_without_exclusions(tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(signal, "signal", lambda *_: None)
     monkeypatch.setattr(slurm_cli, "run", lambda argv: slurm.calls.append(argv) or "")
     where = SlurmEnv(job_id="77", hosts=HOSTS, node_id=0, num_nodes=2, proc_id=0, num_tasks=2)
     with pytest.raises(requeue_mod.Requeued):
         requeue_mod.requeue(where, a_plan(tmp_path), Decision(Action.REQUEUE, conclude_mod.decide.Reason.INFRA, "x"))
+
+
+def test_a_requeue_without_exclusions_clears_the_jobs_old_ones(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    past_attempts(tmp_path, {"attempt": "77.0x", "reason": "infra", "decision": "requeue", "exclude_hosts": ["node9"]})
+    requeue_without_exclusions(tmp_path, slurm, monkeypatch)
     assert ["scontrol", "update", "JobId=77", "ExcNodeList="] in slurm.calls
+
+
+def test_a_requeue_of_a_run_that_never_excluded_a_host_asks_slurm_nothing_more(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    past_attempts(tmp_path, {"attempt": "77.0x", "reason": "preempted", "decision": "requeue"})
+    requeue_without_exclusions(tmp_path, slurm, monkeypatch)
+    assert slurm.calls == [["scontrol", "requeue", "77"]]
 
 
 def test_the_old_attempt_ends_as_soon_as_the_requeue_is_accepted(

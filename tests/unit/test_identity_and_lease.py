@@ -17,7 +17,7 @@ from swiftslurm.errors import ConfigError, NodeError, SubmitError
 from swiftslurm.launch import prepare_run_dir
 from swiftslurm.node import heartbeat, resume
 from swiftslurm.node.conclude import close_lost_attempt
-from swiftslurm.node.watch import trainer_env
+from swiftslurm.node.watch import FAST_POLL_FOR_S, FAST_POLL_S, POLL_S, trainer_env, wait_pause
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
 from swiftslurm.rundir.layout import ATTEMPTS, LEADER_BEAT, OPEN_ATTEMPT, QUARANTINE, RESUME, lease_dir
@@ -252,7 +252,39 @@ def test_a_follower_waits_past_a_stale_resume_file_of_an_earlier_job_with_its_id
     assert resume._wait_for_choice(stale, tmp_path / LEADER_BEAT, nonce="5@2026-12-01T08:00:00").step == 0
 
 
+def test_a_follower_looks_for_the_resume_point_often_in_its_first_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader publishes within a fraction of a second: a follower sleeping POLL_S from the start lost most of
+    one per attempt. Its pauses are asserted, not times."""
+    path, pauses = tmp_path / RESUME, []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 3:  # node 0 publishes while this follower sleeps its third pause
+            path.write_text(json.dumps({"checkpoint": None, "step": 0, "nonce": "5@t"}))
+
+    monkeypatch.setattr(resume.time, "sleep", sleep)
+    assert resume._wait_for_choice(path, tmp_path / LEADER_BEAT, nonce="5@t").step == 0
+    assert pauses == [FAST_POLL_S] * 3 and FAST_POLL_S < POLL_S
+    assert wait_pause(FAST_POLL_FOR_S) == POLL_S  # after its first second, as often as before
+
+
 def test_the_nonce_is_the_job_and_the_start_slurm_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_cli, "run", lambda argv: "JobId=5 JobName=x StartTime=2026-12-01T08:00:00 TimeLimit=1\n")
     assert lease.nonce(leader_of("5")) == "5@2026-12-01T08:00:00"
     assert lease.nonce(SlurmEnv.local({})) is None
+
+
+def test_the_nonce_is_the_batch_scripts_name_for_the_job_run_without_asking_slurm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every node forms the nonce: from the batch script's SWIFTSLURM_JOB_RUN, not one scontrol call per node."""
+    asked: list[list[str]] = []
+    monkeypatch.setattr(slurm_cli, "run", lambda argv: asked.append(argv) or "JobId=5 StartTime=x\n")
+    env = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "3", "SLURM_NODEID": "3", "SLURM_JOB_NODELIST": "n[1-4]"}
+    node = SlurmEnv.from_environ({**env, "SWIFTSLURM_JOB_RUN": "5@1796545200.123"})
+    assert lease.nonce(node) == "5@1796545200.123" and asked == []
+    # another job's (an sbatch from inside a job passes its environment on) is not this job run's name
+    assert SlurmEnv.from_environ({**env, "SWIFTSLURM_JOB_RUN": "4@1796545100.0"}).job_run is None
+    assert lease.nonce(SlurmEnv.from_environ(env)) == "5@x" and len(asked) == 1  # a hand-written script: SLURM's
