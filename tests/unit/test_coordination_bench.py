@@ -35,7 +35,7 @@ def test_controller_calls_fall_into_the_attempt_they_were_made_in() -> None:
         "300.0 7 sacct -j 7",  # after the bench cancelled the job: neither attempt's
     ]
     calls = bench.calls_by_phase(lines, "7", requeued=201.0, cancelled=250.0)
-    assert calls["attempt 1"] == {"scontrol": 2, "srun": 1}
+    assert calls["attempt 1"] == {"scontrol": 1, bench.LOCAL_HOSTNAMES: 1, "srun": 1}
     assert calls["attempt 2"] == {"sinfo": 1}
     assert calls["status-7"] == {"squeue": 1} and calls["login"] == {"sbatch": 1}
 
