@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.goodput_model import Costs, Settings, best_save_every, project, relaunch_budget
-from swiftslurm.ops import ledger
+from swiftslurm.ops import accounting, ledger
+from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.layout import attempt_dir, trainer_timeline
 from swiftslurm.rundir.records import read_attempts
 from swiftslurm.rundir.timeline import read_timeline
@@ -226,7 +227,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file of the arms' results (rewritten per arm)")
     parser.add_argument("--run-root", type=Path, help="where the run dirs go (kept: the report reads them)")
     parser.add_argument("--lock", type=Path, help="flock this file around each run (a shared cluster)")
+    parser.add_argument("--costs", action="store_true", help="add per-event costs to --out from its run dirs")
+    parser.add_argument("--report", action="store_true", help="print the tables of --out (no run)")
     args = parser.parse_args()
+    if args.costs:
+        args.out.write_text(json.dumps([add_costs(r) for r in json.loads(args.out.read_text())], indent=1) + "\n")
+    if args.report or args.costs:
+        print(report(args.out))
+        return
     if shutil.which("sbatch") is None:
         sys.exit("no SLURM here: start the local cluster with `bash scripts/slurm-local.sh up`")
     run_root = (args.run_root or Path(tempfile.mkdtemp(prefix="swiftslurm-goodput-"))).resolve()
@@ -234,14 +242,10 @@ def main() -> None:
     print(f"run root: {run_root}", flush=True)
     results: list[dict[str, Any]] = json.loads(args.out.read_text()) if args.out.exists() else []
     for name in args.arms:
-        result = one_arm(name, run_root, args.lock)
+        result = add_costs(one_arm(name, run_root, args.lock))
         print(describe(result), flush=True)
         results.append(result)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,8 +325,8 @@ def event_costs(splits: list[dict[str, Any]]) -> dict[str, list[float]]:
             costs["first_start"].append(spent.get("startup", 0.0) + spent.get("restore", 0.0) + spent.get("load", 0.0))
         costs["restore"].append(spent.get("restore", 0.0))
         costs["load"].append(spent.get("load", 0.0))
-        saves = [e for e in split["events"] if e.spent.get("event", 0.0) == "save"]
-        ends = [e for e in split["events"] if e.spent.get("event", 0.0) == "train_end"]
+        saves = [e for e in split["events"] if e.get("event") == "save"]
+        ends = [e for e in split["events"] if e.get("event") == "train_end"]
         stopped = split["reason"] == "preempted"
         if stopped and saves and ends:
             costs["stop_save"].append(saves[-1]["t"] - saves[-1]["started"] + ends[-1]["t"] - ends[-1]["started"])
@@ -341,11 +345,34 @@ def event_costs(splits: list[dict[str, Any]]) -> dict[str, list[float]]:
     return {k: [round(v, 3) for v in values] for k, values in costs.items()}
 
 
+def recorded_ledger(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's ledger as `status --json` computes it, from the sacct rows the bench recorded when the job
+    ended: `status` asks sacct again, and on this shared cluster another session may restart it (a new
+    accounting database, job ids from 1 again) between the job's end and that question."""
+    rows = [
+        {
+            "job_id": result["job"],
+            "raw_id": result["job"],
+            "state": r["State"],
+            "submit": local_time(r["Submit"]),
+            "start": start,
+            "end": end,
+            "nodes": nodes,
+        }
+        for r, (start, end, nodes) in zip(result["sacct"], job_runs(result["sacct"]), strict=True)
+    ]
+    run_dir = Path(result["run_dir"])
+    return accounting.run_ledger(run_dir, PlanGlance.read(run_dir), {result["job"]: rows}).as_dict()
+
+
 def add_costs(result: dict[str, Any]) -> dict[str, Any]:
-    """The result with its run's per-event costs (the run dir must still be there)."""
+    """The result with its run's per-event costs and its ledger from the recorded sacct rows (the run dir must
+    still be there)."""
     splits = attempt_splits(Path(result["run_dir"]), result["sacct"])
     return {
         **result,
+        "status_ledger": result.get("status_ledger", result["ledger"]),
+        "ledger": recorded_ledger(result),
         "costs": event_costs(splits),
         "splits": [{k: v for k, v in s.items() if k != "events"} for s in splits],
     }
@@ -391,15 +418,39 @@ def measured_costs(results: list[dict[str, Any]]) -> Costs:
     )
 
 
-def arm_settings(arm: str, step_s: float, k: float = 1.0) -> Settings:
+LEAD_S = {"save15-lead1": 1.0}  # cluster.signal_lead_s of each arm; 60 s otherwise (not compressed: a setting)
+
+
+def arm_settings(arm: str, step_s: float, costs: Costs, k: float = 1.0) -> Settings:
+    """The arm's settings. The 1 s lead is short: in its run the stop save (the step in progress, the stop vote,
+    the save, the commit) did not commit within it and the trainer was killed (measured, not modelled)."""
+    lead = LEAD_S.get(arm, 60.0)
     return Settings(
         save_every_s=SAVE_STEPS[arm] * step_s,
         preempt_every_s=PREEMPT_EVERY_S * k,
         crash_every_s=CRASH_EVERY_S * k,
         restart_in_place="requeue" not in arm,
-        warned="lead1" not in arm,
-        lead_s=1.0 if "lead1" in arm else 0.0,
+        warned=arm not in LEAD_S,
+        lead_s=lead,
     )
+
+
+def arm_costs(result: dict[str, Any], everyone: Costs) -> Costs:
+    """The run's own means per event (the check of the model against the run's ledger: a mean times the count is
+    the run's total); the pooled medians for a kind of event it did not have."""
+    own = {
+        "startup_s": "startup",
+        "restore_s": "restore",
+        "load_s": "load",
+        "requeue_s": "requeue",
+        "crash_restart_s": "crash_restart",
+        "stop_save_s": "stop_save",
+        "save_s": "save",
+        "first_start_s": "first_start",
+        "finish_s": "finish",
+    }
+    values = result["costs"]
+    return replace(everyone, **{f: statistics.fmean(values[k]) for f, k in own.items() if values[k]})
 
 
 def cost_table(results: list[dict[str, Any]]) -> str:
@@ -432,7 +483,8 @@ def arm_table(results: list[dict[str, Any]], costs: Costs) -> str:
         step_s = per_node["committed"] / MAX_STEPS
         kinds = [f["kind"] for f in r["faults"]]
         preempts, crashes = kinds.count("preempt"), kinds.count("crash")
-        model = project(costs, arm_settings(r["arm"], step_s), led["allocated_s"] / nodes, preempts, crashes)
+        own = arm_costs(r, costs)
+        model = project(own, arm_settings(r["arm"], step_s, own), led["allocated_s"] / nodes, preempts, crashes)
         shares = " | ".join(f"{per_node[c]:.0f}" for c in CATEGORY_ORDER)
         lines.append(
             f"| {r['arm']} | {preempts}/{crashes} | {len(r['attempts'])} | {r['sacct_allocated_s']} | {shares} | "
@@ -454,7 +506,7 @@ def real_table(results: list[dict[str, Any]], costs: Costs) -> str:
         sized = costs if saves is None else replace(costs, save_s=saves[0], stop_save_s=saves[1])
         rate = replace(sized, first_start_s=0.0, finish_s=0.0)
         for arm in [*dict.fromkeys(arms), "best"]:
-            base = arm_settings("save15" if arm == "best" else arm, step_s, K)
+            base = arm_settings("save15" if arm == "best" else arm, step_s, sized, K)
             if arm == "best":
                 every = best_save_every(rate, base, REAL_HORIZON_S, [float(s) for s in range(10, 3601, 5)])
                 base = replace(base, save_every_s=every)
@@ -475,3 +527,7 @@ def report(path: Path) -> str:
         f"real scale (k = 1: step {STEP_S * K:.0f} s, preempt every {PREEMPT_EVERY_S * K:.0f} s, crash every "
         f"{CRASH_EVERY_S * K:.0f} s, {REAL_HORIZON_S / 3600:.0f} h of allocation):\n\n{real_table(results, costs)}"
     )
+
+
+if __name__ == "__main__":
+    main()
