@@ -6,9 +6,7 @@ import pytest
 
 from bench.goodput_model import Costs, Settings, best_save_every, crash_cost, preemption_cost, project, relaunch_budget
 
-COSTS = Costs(
-    startup_s=10, restore_s=1, load_s=20, requeue_s=2, crash_restart_s=5, stop_save_s=3, save_s=1, finish_s=4
-)
+COSTS = Costs(startup_s=10, restore_s=1, load_s=20, requeue_s=2, crash_restart_s=5, stop_save_s=3, save_s=1, finish_s=4)
 HOUR = 3600.0
 
 
