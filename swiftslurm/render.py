@@ -95,10 +95,12 @@ def job_run_lines() -> list[str]:
     """Batch-script lines that name this run of the job once, for every node: `<job id>@<batch start>`
     (slurm_env.JOB_RUN_ENV, the nonce of rundir/lease.py). The batch script runs once per run of the job, a
     requeue runs it again, so the name changes with each; without it every node's wrapper asked `scontrol
-    show job` for the start time, one controller call per node per attempt."""
+    show job` for the start time, one controller call per node per attempt. Assigned, then exported: `export
+    X="$(...)"` would hide a failing command's status (shellcheck SC2155)."""
     return [
         "# This run of the job, the same on every node (the resume point's nonce; no scontrol call per node).",
-        f'export {JOB_RUN_ENV}="${{SLURM_JOB_ID:-}}@$(date +%s.%N)"',
+        f'{JOB_RUN_ENV}="${{SLURM_JOB_ID:-}}@$(date +%s.%N)"',
+        f"export {JOB_RUN_ENV}",
     ]
 
 
