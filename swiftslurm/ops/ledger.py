@@ -20,6 +20,9 @@ attempt's record (when the wrapper entered each phase, node/attempt.py) and from
                  the requeue, SLURM ending the job run (and a next attempt's preparation in the same allocation)
     finish       the same after the run's last attempt (done, or stopped for good)
     uncommitted  training since the last commit of the attempt still running (lost if it ended now)
+    spares       the spare nodes' share (`resilience.spare_nodes`), the whole job run long: idle while they
+                 stand by; once one takes a lost node's place, the lost node's share instead (SLURM still
+                 accounts the job run at its first width)
 
 Queue wait (Start - Submit of each job run) is not allocated, so it is shown beside the split, not in it;
 so is the requeue hold (a requeued job run's End -> its return to the queue: SLURM's KillWait, during which
@@ -44,7 +47,18 @@ from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
 if TYPE_CHECKING:
     from swiftslurm.rundir.records import AttemptRecord
 
-CATEGORIES = ("startup", "restore", "load", "committed", "lost", "save", "restart", "finish", "uncommitted")
+CATEGORIES = (
+    "startup",
+    "restore",
+    "load",
+    "committed",
+    "lost",
+    "save",
+    "restart",
+    "finish",
+    "uncommitted",
+    "spares",
+)
 LABELS = {
     "startup": "start-up",
     "restore": "restore",
@@ -55,6 +69,7 @@ LABELS = {
     "restart": "requeue/restart delay",
     "finish": "finish (after the last attempt)",
     "uncommitted": "training not yet committed",
+    "spares": "spare nodes standing by",
 }
 SLACK_S = 2.0  # sacct's times are whole seconds: an attempt may seem to begin or end that much outside its job run
 FINAL_DECISIONS = ("done", "stop")
@@ -96,6 +111,7 @@ class AttemptMarks:
     ended: float | None
     marks: tuple[Mark, ...]
     hosts: int = 1
+    spares: int = 0  # nodes of its allocation standing by as spares (`resilience.spare_nodes`)
 
 
 @dataclass(frozen=True)
@@ -182,7 +198,7 @@ def attempt_marks(record: AttemptRecord, events: Sequence[Mapping[str, Any]], ru
     marks += _tail_marks(record, phases, events)
     ended = record.end if isinstance(record.end, (int, float)) else None
     hosts = len(record.hosts) or 1
-    return AttemptMarks(record.attempt, _job(record), began, ended, tuple(marks), hosts)
+    return AttemptMarks(record.attempt, _job(record), began, ended, tuple(marks), hosts, len(record.spares))
 
 
 def _phase_marks(record: AttemptRecord, phases: Mapping[str, float]) -> list[Mark]:
@@ -287,10 +303,13 @@ def compute(
     for i, allocation in enumerate(every):
         end = now if allocation.end is None else allocation.end
         marks = _merged_marks(allocation, held.get(i, []))
+        spare_width = min(allocation.width, max((a.spares for a in held.get(i, [])), default=0) * devices_per_node)
+        trained_width = allocation.width - spare_width  # the marks tell what the training nodes' time went to
         allocated += max(0.0, end - allocation.start) * allocation.width
-        outside += _outside(marks, allocation.start, end) * allocation.width
+        spent["spares"] += max(0.0, end - allocation.start) * spare_width
+        outside += _outside(marks, allocation.start, end) * trained_width
         for category, seconds in split(marks, allocation.start, end).items():
-            spent[category] += seconds * allocation.width
+            spent[category] += seconds * trained_width
     queue, hold = _waits(allocations)
     return Ledger(unit, allocated, spent, queue, hold, len(every), len(own), outside)
 
