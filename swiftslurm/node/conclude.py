@@ -432,7 +432,8 @@ def _allocation(
     lost when it is the only one without a result (or wrote one: its own GPU fault): a spare may take its place."""
     if reason not in decide.RESTARTABLE:
         return None
-    silent = records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
+    # A blamed host was found after the results had SILENT_HOST_WAIT_S to come (`_blame`): no second wait.
+    silent = records.silent_hosts(attempt_dir, hosts, 0.0 if blamed else SILENT_HOST_WAIT_S)
     alive = blamed is None and not silent
     lost = (blamed[0],) if spares and blamed and set(silent) <= {blamed[0]} else ()
     return decide.Allocation(all_alive=alive, restarts=restarts, roster=hosts, spares=spares, lost=lost)
