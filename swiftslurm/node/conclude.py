@@ -436,7 +436,17 @@ def _allocation(
     silent = records.silent_hosts(attempt_dir, hosts, 0.0 if blamed else SILENT_HOST_WAIT_S)
     alive = blamed is None and not silent
     lost = (blamed[0],) if spares and blamed and set(silent) <= {blamed[0]} else ()
-    return decide.Allocation(all_alive=alive, restarts=restarts, roster=hosts, spares=spares, lost=lost)
+    standing = _spares_up(spares) if lost else spares
+    return decide.Allocation(all_alive=alive, restarts=restarts, roster=hosts, spares=standing, lost=lost)
+
+
+def _spares_up(spares: tuple[str, ...]) -> tuple[str, ...]:
+    """The spares SLURM does not report down (a spare writes nothing while it stands by: SLURM is the one to
+    ask before one is called in; when SLURM cannot say, all of them)."""
+    if not spares:
+        return ()
+    states = _node_states(list(spares))
+    return tuple(host for host in spares if not decide.node_down(states.get(host, "")))
 
 
 def _swaps(roster: tuple[str, ...], next_roster: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

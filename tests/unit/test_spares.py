@@ -11,7 +11,7 @@ import pytest
 
 from swiftslurm.ckpt.checkpoint import ResumePoint
 from swiftslurm.errors import ConfigError, NodeError
-from swiftslurm.node import attempt, decide, outcome
+from swiftslurm.node import attempt, conclude, decide, outcome
 from swiftslurm.node.watch import Observed
 from swiftslurm.ops import ledger
 from swiftslurm.ops.runs import spares_left
@@ -148,6 +148,24 @@ def test_decide_takes_the_spare_path_only_when_a_node_is_lost() -> None:
     )
     assert (swapped.action, swapped.roster) == (decide.Action.RESTART, ("a", "s"))
     assert (alive.action, alive.roster) == (decide.Action.RESTART, ())  # the same nodes, the spare still stands by
+
+
+@pytest.mark.parametrize(
+    ("silent", "spare_state", "lost", "spares"),
+    [
+        (["n2"], "IDLE", ("n2",), ("n3",)),
+        (["n2"], "IDLE+NOT_RESPONDING", ("n2",), ()),  # a spare SLURM reports down is not called in
+        (["n2", "n1"], "IDLE", (), ("n3",)),  # another node is silent too: no swap, the requeue
+    ],
+)
+def test_node_0_calls_in_only_spares_slurm_does_not_report_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, silent: list[str], spare_state: str, lost: tuple, spares: tuple
+) -> None:
+    monkeypatch.setattr(conclude.records, "silent_hosts", lambda *_: silent)
+    monkeypatch.setattr(conclude, "_node_states", lambda hosts: dict.fromkeys(hosts, spare_state))
+    blamed = ("n2", "SLURM reports n2 as DOWN and it wrote no result")
+    found = conclude._allocation(tmp_path, ("n1", "n2"), decide.Reason.INFRA, blamed, 0, ("n3",))
+    assert found is not None and (found.lost, found.spares) == (lost, spares)
 
 
 # ---------------------------------------------------------------- a spare's attempt
