@@ -13,7 +13,7 @@ from swiftslurm.ckpt.checkpoint import ResumePoint
 from swiftslurm.errors import ConfigError, NodeError
 from swiftslurm.node import attempt, conclude, decide, outcome
 from swiftslurm.node.watch import Observed
-from swiftslurm.ops import ledger
+from swiftslurm.ops import accounting, ledger
 from swiftslurm.ops.runs import spares_left
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import render_sbatch
@@ -278,6 +278,42 @@ def test_the_ledger_counts_the_spares_share_as_its_own_category() -> None:
     assert spent.allocated_s == 300.0 and spent.spent_s["spares"] == 100.0
     assert (spent.spent_s["startup"], spent.spent_s["committed"], spent.spent_s["finish"]) == (20.0, 160.0, 20.0)
     assert spent.unaccounted_s == 0.0
+
+
+def test_a_job_run_slurm_resized_after_the_loss_is_one_job_run_and_its_spares_end_with_the_resize() -> None:
+    """sacct shows a `--no-kill` job that lost a node as a RESIZING row on 3 nodes, then a row on the 2 left."""
+    before = ledger.AttemptMarks(
+        "77",
+        "77",
+        0.0,
+        60.0,
+        (ledger.Mark(0, "startup"), ledger.Mark(10, "committed"), ledger.Mark(40, "restart")),
+        2,
+        1,
+    )
+    after = ledger.AttemptMarks(
+        "77.i1",
+        "77",
+        60.0,
+        100.0,
+        (ledger.Mark(60, "startup"), ledger.Mark(70, "committed"), ledger.Mark(95, "finish")),
+        2,
+    )
+    rows = [ledger.Allocation("77", 0.0, 50.0, 3, 0.0, resized=True), ledger.Allocation("77", 50.0, 100.0, 2, 50.0)]
+    spent = ledger.compute(rows, [before, after], 1, "CPU process", 100.0)
+    assert spent.allocated_s == 250.0 and spent.unaccounted_s == 0.0 and spent.outside_s == 0.0
+    assert spent.spent_s["spares"] == 50.0  # the spare's 50 s until SLURM let the lost node go
+    assert (spent.spent_s["restart"], spent.spent_s["committed"]) == (60.0, 110.0)  # across the resize: a restart
+    assert spent.queue_wait_s == 0.0 and spent.requeue_hold_s == 0.0
+
+
+def test_sacct_s_resizing_row_marks_the_job_run_as_resized() -> None:
+    rows = [
+        {"job_id": "78", "raw_id": "78", "state": "RESIZING", "submit": 0.0, "start": 0.0, "end": 36.0, "nodes": 3},
+        {"job_id": "78", "raw_id": "78", "state": "COMPLETED", "submit": 36.0, "start": 36.0, "end": 80.0, "nodes": 2},
+    ]
+    first, second = accounting.allocations_of(rows, 1)
+    assert (first.resized, first.width, second.resized, second.width) == (True, 3, False, 2)
 
 
 def test_status_tells_the_spares_left_and_each_swap() -> None:
