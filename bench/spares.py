@@ -72,6 +72,9 @@ def run_arm(arm: str, root: Path) -> dict[str, Any]:
         lost_at = time.time()
         second = next_attempt(run_dir, [first], over=over)
         assert second is not None, f"{arm}: no attempt after the loss"
+        # Back only once SLURM has let it go (down, the job resized without it), as a node that lost power comes
+        # back: a slurmd that registers again before that finds its step missing, and srun ends the whole step.
+        wait_until(lambda: lost not in job_hosts(job), 120, f"SLURM to take {lost} out of job {job}")
         restore_node(lost, cluster_state_dir())
         lost = None
         wait_until(lambda: logged_step(run_dir, second) > FIRST_SAVE, 600, f"{second}'s first resumed step")

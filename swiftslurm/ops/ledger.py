@@ -20,9 +20,9 @@ attempt's record (when the wrapper entered each phase, node/attempt.py) and from
                  the requeue, SLURM ending the job run (and a next attempt's preparation in the same allocation)
     finish       the same after the run's last attempt (done, or stopped for good)
     uncommitted  training since the last commit of the attempt still running (lost if it ended now)
-    spares       the spare nodes' share (`resilience.spare_nodes`), the whole job run long: idle while they
-                 stand by; once one takes a lost node's place, the lost node's share instead (SLURM still
-                 accounts the job run at its first width)
+    spares       the spare nodes' share (`resilience.spare_nodes`) of each row SLURM accounts, idle while they
+                 stand by; a `--no-kill` job that lost a node is resized by SLURM (sacct: a RESIZING row, then
+                 the job on the nodes left): both rows are one job run, whose marks go on across the resize
 
 Queue wait (Start - Submit of each job run) is not allocated, so it is shown beside the split, not in it;
 so is the requeue hold (a requeued job run's End -> its return to the queue: SLURM's KillWait, during which

@@ -60,6 +60,9 @@ def test_a_lost_training_node_is_replaced_by_the_spare_inside_the_same_job(
         print(f"{first}: lost {lost} after step {logged_step(run_dir, first)}")
         second = next_attempt(run_dir, [first], over=over)
         assert second is not None, f"no attempt after the loss: {read_status(run_dir)}"
+        # Back only once SLURM has let it go (down, the job resized without it), as a node that lost power comes
+        # back: a slurmd that registers again before that finds its step missing, and srun ends the whole step.
+        wait_until(lambda: lost not in job_hosts(job), 120, f"SLURM to take {lost} out of job {job}")
         restore_node(lost, cluster_state_dir())  # while a node is lost, slurm-local.sh status fails
         lost = None
         wait_until(lambda: logged_step(run_dir, second) > FIRST_SAVE, 300, f"{second}'s first resumed step")
