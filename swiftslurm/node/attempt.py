@@ -289,7 +289,7 @@ def _follow(a: Attempt, said: outcome.Outcome) -> Phase:
     """Node 0's word on the attempt, for a node other than node 0: restart (on this roster, or stand by
     again), or end."""
     if said.action != decide.Action.RESTART.value or said.next_attempt is None:
-        return _stand_down(a, "the run goes on without it") if a.spare else Phase.DONE
+        return _stand_down(a, "node 0 ended the attempt without a restart") if a.spare else Phase.DONE
     if said.roster and not _take_place(a, said.roster, said.spares):
         if a.allocation is None or own_host(a.allocation) not in said.spares:
             return _stand_down(a, "taken off the roster by node 0")

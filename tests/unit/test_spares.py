@@ -199,7 +199,7 @@ def test_a_spare_stands_by_joins_the_next_attempt_on_its_roster_and_trains_at_th
 @pytest.mark.parametrize(
     ("said", "why"),
     [
-        (outcome.Outcome(outcome.END), "the run goes on without it"),
+        (outcome.Outcome(outcome.END), "node 0 ended the attempt without a restart"),
         (outcome.Outcome("restart", "77.i1", ("n1", "n2"), ("n3",)), None),  # a spare again: stands by for 77.i1
     ],
 )
@@ -209,7 +209,7 @@ def test_a_spare_ends_with_the_run_or_stands_by_again(tmp_path: Path, said: outc
     outcome.publish(attempt_dir(run_dir, "77"), said, NONCE)
     outcome.publish(attempt_dir(run_dir, "77.i1"), outcome.Outcome(outcome.END), NONCE)
     result = attempt.run(run_dir, plan, task(2), SignalLog())
-    assert (result.exit_code, result.why) == (0, "the run goes on without it"), result
+    assert (result.exit_code, result.why) == (0, "node 0 ended the attempt without a restart"), result
     assert why is None or result.why == why
 
 
