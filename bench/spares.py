@@ -11,10 +11,11 @@ Each arm submits the run, waits for its first commit (checkpoint-50), loses trai
 it back once the next attempt trains, and waits for the run's end. From the loss to the first resumed step, split
 by the attempt records (node 0's clock; the loss on this machine's, the same clock here):
 
-    noticed     the loss -> node 0's decision (its trainer's collective fails at once; node 0 then waits 10 s for
-                the lost node's result and for SLURM to report it down: SlurmdTimeout=20 s on the local cluster).
-                A requeue without --no-kill: SLURM may end the job first; then no decision is recorded and this
-                column is empty (the next attempt closes the lost one)
+    noticed     the loss -> node 0 concludes the attempt (its trainer's collective fails, the trainer exits)
+    decided     -> node 0's decision (swiftslurm waits 10 s for every node's result, then asks SLURM until it
+                reports the silent node not responding or down: SlurmdTimeout=20 s on the local cluster).
+                A requeue without --no-kill: SLURM may end the job first; then no decision is recorded and these
+                columns are empty (the next attempt closes the lost one)
     relaunch    the decision -> the next attempt begins: in place, at once; a requeue: `scontrol requeue`, SLURM
                 ending the job run (KillWait), the queue, the batch script starting again on the nodes
     prepare     the next attempt begins -> its trainer starts (swiftslurm: the lease, the resume point)
@@ -102,6 +103,7 @@ def split(records: list[dict[str, Any]], first: str, second: str, lost_at: float
     by_id = {r["attempt"]: r for r in records}
     hit, nxt = by_id[first], by_id[second]
     decided = hit.get("end")
+    concluding = (hit.get("phases") or {}).get("conclude")
     phases = nxt.get("phases") or {}
     began = phases.get("prepare") or phases.get("agree_on_resume") or nxt["start"]
     trains, first_step = phases["train"], nxt["first_step_at"]
@@ -110,7 +112,8 @@ def split(records: list[dict[str, Any]], first: str, second: str, lost_at: float
         return None if a is None or b is None else round(b - a, 1)
 
     return {
-        "noticed": span(lost_at, decided),
+        "noticed": span(lost_at, concluding),
+        "decided": span(concluding, decided),
         "relaunch": span(decided, began),
         "prepare": span(began, trains),
         "load": span(trains, first_step),
@@ -119,11 +122,15 @@ def split(records: list[dict[str, Any]], first: str, second: str, lost_at: float
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    columns = ("noticed", "relaunch", "prepare", "load", "total")
-    lines = ["| path | job runs | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    columns = ("noticed", "decided", "relaunch", "prepare", "load", "total")
+    lines = ["| path | requeues | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for result in results:
-        cells = [f"{v:.1f} s" if v is not None else "-" for v in (result["split"][c] for c in columns)]
-        lines.append(f"| {result['arm']} | {result['job_runs']} | " + " | ".join(cells) + " |")
+        split_ = split(
+            result["attempts"], result["attempts"][0]["attempt"], result["attempts"][1]["attempt"], result["lost_at"]
+        )
+        cells = [f"{v:.1f} s" if v is not None else "-" for v in (split_[c] for c in columns)]
+        requeues = max(int(a.get("restart_count") or 0) for a in result["attempts"])
+        lines.append(f"| {result['arm']} | {requeues} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -132,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS))
     parser.add_argument("--root", type=Path, default=Path("/tmp") / f"bench-spares-{datetime.now():%Y%m%d-%H%M%S}")
+    parser.add_argument("--report", action="store_true", help="only print the table of the results in --out")
     args = parser.parse_args(argv)
+    if args.report:
+        print(table(json.loads(args.out.read_text())["results"]))
+        return 0
     results = [run_arm(arm, args.root) for arm in args.arms]
     args.out.write_text(json.dumps({"date": f"{datetime.now():%Y-%m-%d %H:%M}", "results": results}, indent=1))
     print(table(results))
