@@ -116,6 +116,8 @@ class Resilience:
     signal_lead_s: int = 120
     # Fewest nodes an attempt may run on (resilience.min_nodes); None: the planned count, never fewer.
     min_nodes: int | None = None
+    # Nodes allocated beyond the training nodes, standing by for a lost one (resilience.spare_nodes).
+    spare_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,11 @@ class JobPlan:
     def planned_version(self, distribution: str) -> str | None:
         """The version of ``distribution`` the run was planned with; None when not recorded."""
         return dict(self.versions).get(distribution)
+
+    @property
+    def allocation_nodes(self) -> int:
+        """The nodes the job asks SLURM for: the training nodes and the spares (`resilience.spare_nodes`)."""
+        return self.topology.nodes + self.resilience.spare_nodes
 
     def batch_on(self, nodes: int) -> BatchPlan:
         """The batch of an attempt on ``nodes`` nodes (fewer than planned: `resilience.min_nodes`)."""

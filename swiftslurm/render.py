@@ -52,7 +52,7 @@ def sbatch_directives(plan: JobPlan) -> list[tuple[str, str]]:
         raise ConfigError("This run uses the local scheduler; there is no sbatch script. HINT: add +cluster=NAME.")
     pairs: list[tuple[str, object | None]] = [
         ("job-name", spec.job_name),
-        ("nodes", plan.topology.nodes),
+        ("nodes", plan.allocation_nodes),
         ("ntasks-per-node", 1),  # one wrapper per node; it starts the node's ranks
         ("cpus-per-task", spec.cpus_per_task),
         ("gpus-per-node", spec.gpus),
@@ -69,9 +69,23 @@ def sbatch_directives(plan: JobPlan) -> list[tuple[str, str]]:
         ("output", f"{LOGS}/{SLURM_LOG}"),
         ("open-mode", "append"),  # a requeued job keeps its earlier output
         ("requeue", None),
+        *((("no-kill", None),) if keeps_nodes_after_a_loss(plan) else ()),
         *spec.extra,
     ]
-    return [(k, "" if v is None else str(v)) for k, v in pairs if v is not None or k == "requeue"]
+    flags = ("requeue", "no-kill")
+    return [(k, "" if v is None else str(v)) for k, v in pairs if v is not None or k in flags]
+
+
+def keeps_nodes_after_a_loss(plan: JobPlan) -> bool:
+    """Whether the job and its step survive the loss of a node (`--no-kill`): only with spares to take its place
+    (`resilience.spare_nodes`). Under `--no-kill` srun ignores `--kill-on-bad-exit`: the wrappers end the step
+    themselves (every follower exits 0; node 0 publishes its word, or its batch script ends the job)."""
+    return plan.resilience.spare_nodes > 0
+
+
+def srun_flags(plan: JobPlan) -> list[str]:
+    """The flags of the step every node's wrapper runs in (job.sbatch and submitit alike)."""
+    return ["--kill-on-bad-exit=1", *(["--no-kill"] if keeps_nodes_after_a_loss(plan) else [])]
 
 
 def render_sbatch(plan: JobPlan) -> str:
@@ -86,7 +100,7 @@ def render_sbatch(plan: JobPlan) -> str:
     # -u only after cluster.setup: module and venv/conda activation scripts read unset variables.
     lines += ["", "set -eo pipefail", *plan.setup, "set -u", *job_run_lines(), *task_count_lines(plan), ""]
     node = [*container.python_argv(plan), *NODE_ENTRY, plan.run_dir]
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered", *container.srun_args(plan), *node]
+    srun = ["srun", "--ntasks-per-node=1", *srun_flags(plan), "--unbuffered", *container.srun_args(plan), *node]
     lines.append(shlex.join(srun))
     return "\n".join(lines) + "\n"
 

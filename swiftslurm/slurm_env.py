@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swiftslurm import slurm
 from swiftslurm.engines.registry import engine_for
@@ -290,14 +290,16 @@ class AttemptShape:
 
 
 def check_allocation(where: SlurmEnv, plan: JobPlan) -> None:
-    """The allocation must be the one planned: one task per node, the planned node count (or, when the run
-    may shrink, between `resilience.min_nodes` and it)."""
+    """The allocation must be the one planned: one task per node, the planned node count and spares (or, when
+    the run may shrink, between `resilience.min_nodes` and the planned count)."""
     if may_shrink(plan):
         _check_shrunk_allocation(where, plan)
-    elif where.num_nodes != plan.topology.nodes:
+    elif where.num_nodes != plan.allocation_nodes:
+        spares = f" + {plan.resilience.spare_nodes} spare(s)" if plan.resilience.spare_nodes else ""
         raise NodeError(
-            f"The job has {where.num_nodes} node(s) but plan.json was made for {plan.topology.nodes}. "
-            f"HINT: submit with --nodes={plan.topology.nodes}, or re-plan with cluster.nodes={where.num_nodes}."
+            f"The job has {where.num_nodes} node(s) but plan.json was made for {plan.topology.nodes}{spares}. "
+            f"HINT: submit with --nodes={plan.allocation_nodes}, or re-plan with cluster.nodes={where.num_nodes}"
+            f"{' and resilience.spare_nodes=0' if spares else ''}."
         )
     if where.num_tasks != where.num_nodes:
         raise NodeError(
@@ -315,6 +317,36 @@ def _check_shrunk_allocation(where: SlurmEnv, plan: JobPlan) -> None:
         f"(resilience.min_nodes={least}, cluster.nodes={planned}). HINT: `scontrol update JobId={where.job_id} "
         f"NumNodes={planned}` while it is pending, or re-plan with cluster.nodes={where.num_nodes}."
     )
+
+
+# --- the roster: which of the allocation's hosts train, in node-rank order -------------------------------------
+
+
+def first_roster(where: SlurmEnv, plan: JobPlan) -> tuple[str, ...]:
+    """The training hosts of the allocation's first attempt, in node-rank order: the first ones SLURM lists (its
+    node 0, the batch host, leads and always trains), as many as the attempt trains on; the rest are spares
+    (`resilience.spare_nodes`). Every node computes the same from SLURM's order; later rosters are node 0's
+    word (outcome.py)."""
+    trained = AttemptShape.of(where, plan).nodes if may_shrink(plan) else plan.topology.nodes
+    return where.hosts[:trained]
+
+
+def own_host(where: SlurmEnv) -> str:
+    """This node's name as SLURM lists it (the allocation's, not the roster's: SLURM's node id names it)."""
+    return where.hosts[where.node_id]
+
+
+def on_roster(allocation: SlurmEnv, roster: tuple[str, ...]) -> SlurmEnv | None:
+    """This node as one attempt's training nodes see it: the roster as its hosts, its place there as its node
+    id (so node results, logs, NODE_RANK and MASTER_ADDR follow the roster), one task per roster host. None:
+    this node is not on the roster (a spare, or a node taken out). Outside SLURM, the node as it is."""
+    if not allocation.in_slurm or roster == allocation.hosts:
+        return allocation
+    host = own_host(allocation)
+    if host not in roster:
+        return None
+    rank = roster.index(host)
+    return replace(allocation, hosts=roster, node_id=rank, proc_id=rank, num_nodes=len(roster), num_tasks=len(roster))
 
 
 def rank_env(where: SlurmEnv, plan: JobPlan) -> dict[str, str]:

@@ -29,6 +29,7 @@ from omegaconf.errors import (
 
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
 from swiftslurm.planning.config import Config
+from swiftslurm.planning.container import ENV_NAME
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Command-line flags Hydra itself reads; anything else starting with '-' is a mistyped setting.
@@ -241,6 +242,8 @@ def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
         return f"{given}: Hydra reads [...] as a list, and {key} is a string. HINT: quote it: '{key}=\"{text}\"'."
     if kind.startswith("a list") and value and not value.startswith("["):
         items = [os.path.abspath(v) if v.startswith(("./", "../")) else v for v in value.split(",")]
+        if key == "container.env" and not all(ENV_NAME.match(item) for item in items):  # in brackets still refused
+            return f"{given} is not a list of variable names. HINT: e.g. container.env=[WANDB_API_KEY]."
         return f"{given} is not a list. HINT: write it in brackets: {key}=[{','.join(items)}]."
     if value.strip().lower() in ("null", "none", "~"):  # an unset: the configured value is the likely wish
         return f"{given}: {key} cannot be null. HINT: leave {key} out to keep its configured value, or give it {kind}."

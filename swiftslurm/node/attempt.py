@@ -11,6 +11,9 @@
                      waiting and concludes (preempted, timed out: requeue)
     | UNRESTORED     the object store could not be read and the local checkpoints are behind it: no trainer
                      starts; the leader concludes (infra: requeue with back-off)
+    | STANDBY        a spare (`resilience.spare_nodes`: not on the attempt's roster): no trainer; it waits for
+                     the attempt's outcome and joins the next attempt when it is on its roster, stands by
+                     again when it is still a spare, else DONE
     CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json; publish the outcome
     | AWAIT_OUTCOME  the others: wait for it (outcome.py); restart: the next attempt, else DONE
     FINISH_UPLOADS   leader with object storage: wait (bounded) for this attempt's uploads
@@ -26,6 +29,12 @@ phase); the phases consult it, and the leader alone decides what a signal means 
 (requeue.py).
 Other nodes always end with exit code 0: with `srun --kill-on-bad-exit` a failing follower would kill the
 leader before it has decided.
+
+The roster: the hosts an attempt trains on, in node-rank order. Without spares it is the whole allocation in
+SLURM's order; with spares, the first attempt's is the first `cluster.nodes` hosts (SLURM's node 0 leads and
+always trains) and a restart onto a spare names the next one (decide.swap_in_spares, outcome.py). Each node
+sees its attempt through the roster (`Attempt.where`: node id = its rank there), the allocation as SLURM gave
+it (`Attempt.allocation`) only to check it, for preflight and to find itself on the next roster.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ import enum
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from pathlib import Path
@@ -70,7 +80,7 @@ from swiftslurm.rundir.layout import (
     resume_file,
 )
 from swiftslurm.signals import SignalLog
-from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation
+from swiftslurm.slurm_env import AttemptShape, SlurmEnv, check_allocation, first_roster, on_roster, own_host
 from swiftslurm.storage.store import CheckpointStore
 from swiftslurm.storage.sync import NodeSync, last_synced_step
 from swiftslurm.tiny import build_tiny_assets
@@ -83,6 +93,7 @@ class Phase(enum.Enum):
     SKIP = "skip"
     SIGNALLED = "signalled"
     UNRESTORED = "unrestored"
+    STANDBY = "standby"
     CONCLUDE = "conclude"
     AWAIT_OUTCOME = "await_outcome"
     FINISH_UPLOADS = "finish_uploads"
@@ -116,10 +127,12 @@ class Attempt:
 
     run_dir: Path
     plan: JobPlan
-    where: SlurmEnv
+    where: SlurmEnv  # this node on the attempt's roster (before PREPARE ends, and without spares: the allocation)
     id: str
     signals: SignalLog
     phase: Phase = Phase.PREPARE
+    allocation: SlurmEnv | None = None  # this node as SLURM placed it (None: `where` until PREPARE has ended)
+    spares: tuple[str, ...] = ()  # the hosts standing by during this attempt (resilience.spare_nodes)
     started: float = 0.0  # when this attempt began on this node
     retry: int = 0  # attempts retried in this process (no SLURM to requeue with)
     restarts: int = 0  # restarts in place inside this allocation (this process)
@@ -145,6 +158,11 @@ class Attempt:
     def stopped(self) -> bool:
         """Whether a stop signal has come that this attempt has not acted on yet."""
         return bool(self.signals.received)
+
+    @property
+    def spare(self) -> bool:
+        """Whether this node stands by in this attempt (it is not on the roster)."""
+        return self.phase is Phase.STANDBY
 
     def entering(self) -> observers.PhaseEntered:
         """What the phase observers are told as this attempt enters its phase."""
@@ -180,11 +198,21 @@ def _record_failure(a: Attempt, error: Exception) -> None:
     if not a.leader:
         _record_peer_failure(a, error)
         return
+    if a.spares:  # the spares wait for this attempt's outcome: it ends them
+        _publish_end(a)
     if a.recorded or isinstance(error, lease.LeaseLost):
         return
     if a.lease is None and lease.led_elsewhere(a.run_dir, a.where) is not None:
         return
     record_wrapper_failure(a.run_dir, a.where, a.id, error, during=f"in phase {a.phase.value} of")
+
+
+def _publish_end(a: Attempt) -> None:
+    """Best effort: the word that ends the nodes waiting for this attempt's outcome."""
+    try:
+        outcome.publish(attempt_dir(a.run_dir, a.id), outcome.Outcome(outcome.END), a.nonce)
+    except OSError as err:
+        print(f"[swiftslurm] could not publish the end of attempt {a.id}: {err}", flush=True)
 
 
 def _record_peer_failure(a: Attempt, error: Exception) -> None:
@@ -234,7 +262,48 @@ def _prepare(a: Attempt) -> Phase:
         failure = _preflight(a.run_dir, a.where, a.id)
         if failure is not None and a.leader:
             return _stopped(a, stop_after_preflight(a.run_dir, a.where, a.id, failure, a.nonce))
+    if not _take_place(a, first_roster(a.where, a.plan), a.where.hosts[a.plan.topology.nodes :]):
+        return _stand_down(a, "stopped before training") if a.stopped() else Phase.STANDBY
     return Phase.SIGNALLED if a.stopped() else Phase.AGREE_ON_RESUME
+
+
+def _take_place(a: Attempt, roster: tuple[str, ...], spares: tuple[str, ...]) -> bool:
+    """This node's place in an attempt on ``roster`` (with ``spares`` standing by): whether it trains there."""
+    if a.allocation is None:
+        a.allocation = a.where
+    a.spares = spares if a.allocation.in_slurm else ()
+    placed = on_roster(a.allocation, roster) if a.allocation.in_slurm else a.allocation
+    if placed is not None:
+        a.where = placed
+    return placed is not None
+
+
+def _stand_by(a: Attempt) -> Phase:
+    """A spare: no trainer, no GPU memory; it waits (polling slowly) for node 0's word on the attempt."""
+    print(f"[swiftslurm] attempt {a.id}: {own_host(a.allocation or a.where)} stands by as a spare", flush=True)
+    said = outcome.wait_as_spare(attempt_dir(a.run_dir, a.id), a.nonce, a.stopped)
+    return _follow(a, said)
+
+
+def _follow(a: Attempt, said: outcome.Outcome) -> Phase:
+    """Node 0's word on the attempt, for a node other than node 0: restart (on this roster, or stand by
+    again), or end."""
+    if said.action != decide.Action.RESTART.value or said.next_attempt is None:
+        return _stand_down(a, "node 0 ended the attempt without a restart") if a.spare else Phase.DONE
+    if said.roster and not _take_place(a, said.roster, said.spares):
+        if a.allocation is None or own_host(a.allocation) not in said.spares:
+            return _stand_down(a, "taken off the roster by node 0")
+        _next_attempt(a, said.next_attempt)
+        return Phase.STANDBY
+    return _next_attempt(a, said.next_attempt)
+
+
+def _stand_down(a: Attempt, why: str) -> Phase:
+    """A node that trains no more in this allocation (a spare at the run's end, a node taken off) ends, with 0."""
+    where = a.allocation or a.where
+    print(f"[swiftslurm] attempt {a.id}: {own_host(where) if where.in_slurm else 'this node'} ends: {why}", flush=True)
+    a.result = a.result or NodeResult(where.node_id, socket.gethostname(), 0, "", None, why=why)
+    return Phase.DONE
 
 
 def _lead(a: Attempt) -> str | None:
@@ -317,8 +386,23 @@ def _train(a: Attempt) -> Phase:
     token, lost = (a.lease.token, a.lease.lost) if a.lease else (None, lambda: None)
     peer = _PeerFailed(attempt_dir(a.run_dir, a.id), a.where)
     ends = partial(job_times, a.where)  # node 0 asks when a stop signal comes (the save's deadline)
-    a.observed = train(a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, ends)
+    with _beat_for_spares(a):
+        a.observed = train(
+            a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, ends
+        )
     return _trained(a, a.resume, a.observed)
+
+
+@contextmanager
+def _beat_for_spares(a: Attempt) -> Iterator[None]:
+    """Node 0 beats through the training while spares stand by: they wait a whole attempt for its word, and its
+    silence (not the length of the wait) tells them it is gone (outcome.wait_as_spare)."""
+    if not (a.leader and a.spares):
+        yield
+        return
+    with LeaderBeat(attempt_dir(a.run_dir, a.id) / LEADER_BEAT).running() as beat:
+        beat.doing("training")
+        yield
 
 
 def _skip(a: Attempt) -> Phase:
@@ -394,7 +478,9 @@ def _conclude(a: Attempt) -> Phase:
     with LeaderBeat(here / LEADER_BEAT).running() as beat:  # the others wait for the outcome meanwhile
         beat.doing("concluding the attempt")
         try:
-            a.decision = conclude(a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts, a.entered)
+            a.decision = conclude(
+                a.plan, a.where, a.run_dir, a.id, a.resume, a.observed, a.restarts, a.entered, a.spares
+            )
         except Exception as err:  # the run dir must still say how the attempt ended, and the others end too
             record_wrapper_failure(a.run_dir, a.where, a.id, err)
             a.recorded = True
@@ -402,7 +488,10 @@ def _conclude(a: Attempt) -> Phase:
             raise
     restart = a.decision.action is decide.Action.RESTART
     next_attempt = attempt_id(a.where, a.restarts + 1, a.retry) if restart else None
-    outcome.publish(here, outcome.Outcome(a.decision.action.value if restart else outcome.END, next_attempt), a.nonce)
+    said = outcome.Outcome(
+        a.decision.action.value if restart else outcome.END, next_attempt, a.decision.roster, a.decision.spares
+    )
+    outcome.publish(here, said, a.nonce)
     a.result = replace(a.result, decision=a.decision.action.value, why=a.decision.why)
     return Phase.FINISH_UPLOADS if a.sync is not None else Phase.ACT
 
@@ -413,10 +502,7 @@ def _await_outcome(a: Attempt) -> Phase:
     never restarted in place (decide.restart_in_place), so a signalled follower does not wait for the word."""
     if a.stopped():
         return Phase.DONE
-    said = outcome.wait_for(attempt_dir(a.run_dir, a.id), a.nonce)
-    if said.action != decide.Action.RESTART.value or said.next_attempt is None:
-        return Phase.DONE
-    return _next_attempt(a, said.next_attempt)
+    return _follow(a, outcome.wait_for(attempt_dir(a.run_dir, a.id), a.nonce))
 
 
 def _finish_uploads(a: Attempt) -> Phase:
@@ -458,7 +544,11 @@ def _act(a: Attempt) -> Phase:
 
 def _restart(a: Attempt) -> Phase:
     """The leader starts the next attempt in this allocation (the others do on its published outcome): no
-    requeue, no back-off; it is opened like a new job's (attempt_open.json, status.json "running")."""
+    requeue, no back-off; it is opened like a new job's (attempt_open.json, status.json "running"). A restart
+    onto spares trains on the decision's roster (node 0 keeps its place)."""
+    assert a.decision is not None
+    if a.decision.roster:
+        _take_place(a, a.decision.roster, a.decision.spares)
     _next_attempt(a, attempt_id(a.where, a.restarts + 1, a.retry))
     if (why := close_lost_attempt(a.run_dir, a.plan, a.where, a.id, a.lease)) is not None:
         return _stopped(a, why)
@@ -468,9 +558,8 @@ def _restart(a: Attempt) -> Phase:
 def _next_attempt(a: Attempt, next_id: str) -> Phase:
     """Every node, on a restart in place: the next attempt, with the signals the last one acted on forgotten
     (one that came since is the next attempt's: it ends that one before it trains)."""
-    assert a.observed is not None
     print(f"[swiftslurm] attempt {a.id}, node {a.where.node_id}: restarting in place as {next_id}", flush=True)
-    a.signals.forget(len(a.observed.signals))
+    a.signals.forget(len(a.observed.signals) if a.observed else 0)  # a spare acted on none
     a.restarts += 1
     a.id, a.started = next_id, time.time()
     a.entered = {}  # the next attempt's phases (it starts at AGREE_ON_RESUME)
@@ -530,6 +619,7 @@ PHASES: dict[Phase, Callable[[Attempt], Phase]] = {
     Phase.SKIP: _skip,
     Phase.SIGNALLED: _signalled,
     Phase.UNRESTORED: _unrestored,
+    Phase.STANDBY: _stand_by,
     Phase.CONCLUDE: _conclude,
     Phase.AWAIT_OUTCOME: _await_outcome,
     Phase.FINISH_UPLOADS: _finish_uploads,

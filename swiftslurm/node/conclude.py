@@ -56,10 +56,12 @@ def conclude(
     observed: Observed,
     restarts: int = 0,
     phases: Mapping[str, float] | None = None,
+    spares: tuple[str, ...] = (),
 ) -> decide.Decision:
     """Leader: classify the attempt, fold it into the run's history, decide, and write it all down.
     ``restarts``: the restarts in place this allocation has made so far; ``phases``: when the attempt entered
-    each phase (attempt.py), recorded for the goodput ledger."""
+    each phase (attempt.py), recorded for the goodput ledger; ``spares``: the hosts standing by
+    (`resilience.spare_nodes`); ``where``: this node on the attempt's roster (its hosts train)."""
     signal_reason, unknown_end = _signal_reason(observed, where, plan)
     # scancel / Ctrl-C, or `swiftslurm cancel` (its mark also covers a stop that looked like a preemption)
     cancelled = (bool(observed.signals) and signal_reason is None) or is_cancelled(run_dir)
@@ -88,8 +90,9 @@ def conclude(
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
     # Never restarted in place after an outage of the store: a requeue's back-off gives it time to come back.
     here = attempt_dir(run_dir, attempt)
-    allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts)
-    decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), _spare_nodes(plan), allocation)
+    allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts, spares)
+    slack = _partition_slack(plan)
+    decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), slack, allocation)
     shape = AttemptShape.of(where, plan)
     if shape.may_shrink:
         decision = _with_node_count(plan, decision)
@@ -106,6 +109,8 @@ def conclude(
         end_time_error=unknown_end,
         phases={name: round(at, 3) for name, at in (phases or {}).items()},
         leftovers=_leftovers(here, hosts, observed),
+        spares=spares,
+        swaps=_swaps(hosts, decision.roster),
     )
     if shape.may_shrink:  # the node count of this attempt, and the one the next asks for
         record = replace(record, nodes=shape.nodes, next_nodes=decision.nodes)
@@ -179,7 +184,7 @@ def close_lost_attempt(
     reason = decide.Reason.INFRA
     why = f"attempt {lost.attempt} ended without a record (a node was lost, or the job was killed)"
     history = _history(run_dir, reason, False, None)
-    decision = decide.decide(reason, why, history, _budget(plan), time.time(), _spare_nodes(plan))
+    decision = decide.decide(reason, why, history, _budget(plan), time.time(), _partition_slack(plan))
     closed = replace(lost, reason=reason.value, decision=decision.action.value, why=decision.why, progressed=False)
     records.append_attempt(run_dir, replace(closed, end=None, keep_keys=(*closed.keep_keys, "end")))  # end: null
     if decision.action is not decide.Action.STOP:
@@ -414,28 +419,54 @@ def _node_states(hosts: list[str]) -> dict[str, str]:
 
 
 def _allocation(
-    attempt_dir: Path, hosts: tuple[str, ...], reason: decide.Reason, blamed: tuple[str, str] | None, restarts: int
+    attempt_dir: Path,
+    hosts: tuple[str, ...],
+    reason: decide.Reason,
+    blamed: tuple[str, str] | None,
+    restarts: int,
+    spares: tuple[str, ...] = (),
 ) -> decide.Allocation | None:
     """What a restart in place needs to know (None when it cannot be one: not a RESTARTABLE reason). Every
     node is alive when none is blamed and each wrote its result: its wrapper is there to start the next
-    attempt (a peer's trainer ends at once when another's fails: watch.py)."""
+    attempt (a peer's trainer ends at once when another's fails: watch.py). With spares, the blamed host is
+    lost when it is the only one without a result (or wrote one: its own GPU fault): a spare may take its place."""
     if reason not in decide.RESTARTABLE:
         return None
-    alive = blamed is None and not records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
-    return decide.Allocation(all_alive=alive, restarts=restarts)
+    # A blamed host was found after the results had SILENT_HOST_WAIT_S to come (`_blame`): no second wait.
+    silent = records.silent_hosts(attempt_dir, hosts, 0.0 if blamed else SILENT_HOST_WAIT_S)
+    alive = blamed is None and not silent
+    lost = (blamed[0],) if spares and blamed and set(silent) <= {blamed[0]} else ()
+    standing = _spares_up(spares) if lost else spares
+    return decide.Allocation(all_alive=alive, restarts=restarts, roster=hosts, spares=standing, lost=lost)
 
 
-def _spare_nodes(plan: JobPlan) -> int:
-    """Nodes of the partition beyond those the job needs and those the cluster config excludes already: how
-    many hosts may be excluded without making the job unschedulable (0 when SLURM cannot say). A run that
-    may shrink needs only `resilience.min_nodes`."""
+def _spares_up(spares: tuple[str, ...]) -> tuple[str, ...]:
+    """The spares SLURM does not report down (a spare writes nothing while it stands by: SLURM is the one to
+    ask before one is called in; when SLURM cannot say, all of them)."""
+    if not spares:
+        return ()
+    states = _node_states(list(spares))
+    return tuple(host for host in spares if not decide.node_down(states.get(host, "")))
+
+
+def _swaps(roster: tuple[str, ...], next_roster: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(lost host, the spare in its place) for each node rank a restart onto spares gives another host."""
+    if not next_roster:
+        return ()
+    return tuple((old, new) for old, new in zip(roster, next_roster, strict=True) if old != new)
+
+
+def _partition_slack(plan: JobPlan) -> int:
+    """Nodes of the partition beyond those the job asks for (spares included) and those the cluster config
+    excludes already: how many hosts may be excluded without making the job unschedulable (0 when SLURM cannot
+    say). A run that may shrink needs only `resilience.min_nodes`."""
     partition = plan.slurm.partition if plan.slurm else None
     configured = configured_exclusions(plan)
     try:
         size = slurm_cli.partition_size(partition)
     except SwiftSlurmError:
         return 0
-    return size - len(configured) - least_nodes(plan)
+    return size - len(configured) - least_nodes(plan) - plan.resilience.spare_nodes
 
 
 def _with_node_count(plan: JobPlan, decision: decide.Decision) -> decide.Decision:

@@ -417,6 +417,9 @@ class Decision:
     delay_s: float = 0
     exclude_hosts: tuple[str, ...] = ()
     nodes: int | None = None  # the node count the requeued job asks for; None: leave the job's as it is
+    # A restart onto spares: the next attempt's training hosts in node-rank order, and the spares left after it.
+    roster: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
 
 
 def nodes_for_next(planned: int, min_nodes: int, usable: int | None) -> int:
@@ -479,6 +482,9 @@ class Allocation:
 
     all_alive: bool  # every node's wrapper wrote its result and no host is blamed (see `blame`)
     restarts: int = 0  # in-place restarts already made in this allocation
+    roster: tuple[str, ...] = ()  # the attempt's training hosts, in node-rank order (roster[0]: node 0)
+    spares: tuple[str, ...] = ()  # the hosts standing by (`resilience.spare_nodes`) that have not trained yet
+    lost: tuple[str, ...] = ()  # training hosts lost with evidence (`blame`); every other one wrote its result
 
 
 # Reasons that may restart in place: a crash, a NCCL error, a hang (classified INFRA). A stop signal means
@@ -507,7 +513,44 @@ def decide(
             f"if the run still makes progress, raise `resilience.max_attempts` and {RESUBMIT}"
         )
         return Decision(Action.STOP, reason, why)
-    return restart_in_place(decision, allocation, budget) if allocation is not None else decision
+    if allocation is None:
+        return decision
+    if allocation.lost:  # a training node is gone: only a spare can take its place inside this allocation
+        return swap_in_spares(decision, allocation, budget)
+    return restart_in_place(decision, allocation, budget)
+
+
+def next_roster(roster: tuple[str, ...], lost: tuple[str, ...], spares: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The roster with each lost host replaced, in its place, by the next spare (the survivors keep their node
+    ranks, the spare takes the lost one's: its data shard and random state); None when the spares do not
+    cover the loss or node 0 is lost (it leads: without it the job is gone anyway)."""
+    if not roster or roster[0] in lost or len(spares) < sum(host in lost for host in roster):
+        return None
+    standing = iter(spares)
+    return tuple(next(standing) if host in lost else host for host in roster)
+
+
+def swap_in_spares(decision: Decision, allocation: Allocation, budget: Budget) -> Decision:
+    """A requeue after a lost training node turned into a restart in place onto spares, at the same world size,
+    when that is safe: the reason is RESTARTABLE, every other training node wrote its result, spares cover the
+    loss, node 0 is not lost, and the allocation's restart budget is not spent. Otherwise the decision stands
+    (a requeue, with the lost host excluded; or fewer nodes with `resilience.min_nodes`)."""
+    if decision.action is not Action.REQUEUE or decision.reason not in RESTARTABLE:
+        return decision
+    roster = next_roster(allocation.roster, allocation.lost, allocation.spares)
+    if roster is None:
+        short = f"{len(allocation.spares)} spare(s) left for {len(allocation.lost)} lost node(s)"
+        return replace(decision, why=f"{decision.why}; no restart onto a spare: {short}")
+    if allocation.restarts >= budget.max_restarts:
+        spent = f"the {budget.max_restarts} restarts in place of this allocation are spent (`resilience.max_restarts`)"
+        return replace(decision, why=f"{decision.why}; {spent}")
+    joined = tuple(host for host in roster if host not in allocation.roster)
+    left = tuple(host for host in allocation.spares if host not in joined)
+    swaps = ", ".join(f"{old} -> {new}" for old, new in zip(allocation.roster, roster, strict=True) if old != new)
+    why = decision.why.partition("; requeued")[0]
+    number = allocation.restarts + 1
+    how = f"restarted in place on a spare ({swaps}; {len(left)} spare(s) left; {number} of {budget.max_restarts})"
+    return Decision(Action.RESTART, decision.reason, f"{why}; {how}", roster=roster, spares=left)
 
 
 def restart_in_place(decision: Decision, allocation: Allocation, budget: Budget) -> Decision:

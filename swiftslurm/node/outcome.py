@@ -2,11 +2,16 @@
 logs/<attempt>/outcome.json; the other nodes, once their trainer has ended, wait for it, as they wait for
 the resume point (resume.py): while node 0's heartbeat is fresh, taking only a file with their own job
 run's nonce. "restart" names the next attempt, which every node then starts inside the same allocation;
-"end" (done, requeue, stop) lets them exit: node 0 alone requeues or stops the run."""
+"end" (done, requeue, stop) lets them exit: node 0 alone requeues or stops the run.
+
+With spares (`resilience.spare_nodes`) a restart also names its roster (the training hosts in node-rank order)
+and the spares left: a node on the roster trains in the next attempt, a spare stands by for it (`wait_as_spare`),
+any other node (a lost one whose wrapper lives on) exits."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +27,15 @@ END = "end"
 class Outcome:
     action: str  # "restart" or END
     next_attempt: str | None = None  # with "restart": the id every node gives the next attempt
+    roster: tuple[str, ...] = ()  # with "restart" onto spares: the next attempt's training hosts; (): the same
+    spares: tuple[str, ...] = ()  # with a roster: the hosts that stand by for the next attempt
 
 
 def publish(attempt_dir: Path, outcome: Outcome, nonce: str | None) -> None:
     attempt_dir.mkdir(parents=True, exist_ok=True)
-    record = {"action": outcome.action, "next_attempt": outcome.next_attempt, "nonce": nonce}
+    record: dict[str, object] = {"action": outcome.action, "next_attempt": outcome.next_attempt, "nonce": nonce}
+    if outcome.roster:
+        record |= {"roster": list(outcome.roster), "spares": list(outcome.spares)}
     write_json_atomic(attempt_dir / OUTCOME, record)
 
 
@@ -49,4 +58,23 @@ def _ours(path: Path, nonce: str | None) -> Outcome | None:
         return None
     if record.get("nonce") != nonce:  # an earlier job with the same id left it
         return None
-    return Outcome(str(record["action"]), record.get("next_attempt"))
+    roster, spares = record.get("roster") or (), record.get("spares") or ()
+    return Outcome(str(record["action"]), record.get("next_attempt"), tuple(roster), tuple(spares))
+
+
+SPARE_POLL_S = 2.0  # a spare looks for the attempt's outcome this often: one small read, for hours on end
+
+
+def wait_as_spare(attempt_dir: Path, nonce: str | None, stopped: Callable[[], bool]) -> Outcome:
+    """A spare's wait through a whole attempt it does not train in: node 0's word on it, or END once a stop
+    signal came (SLURM's signals reach every task, spares too) or node 0 has gone silent (its heartbeat,
+    written through the attempt while the run has spares: attempt.py)."""
+    path, waiting_since = attempt_dir / OUTCOME, time.time()
+    while (found := _ours(path, nonce)) is None:
+        if stopped():
+            return Outcome(END)
+        if (silence := leader_silence(attempt_dir / LEADER_BEAT, time.time(), waiting_since)) is not None:
+            print(f"[swiftslurm] {silence}; it has not published {path}: this spare ends", flush=True)
+            return Outcome(END)
+        time.sleep(SPARE_POLL_S)
+    return found

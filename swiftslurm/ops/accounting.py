@@ -170,7 +170,9 @@ def allocations_of(rows: Sequence[Mapping[str, Any]], devices: int) -> list[ledg
             continue
         job, raw = str(r["job_id"]), str(r.get("raw_id") or r["job_id"])
         width = int(r["nodes"]) * devices
-        allocation = ledger.Allocation(job, float(r["start"]), r.get("end"), width, r.get("submit"), raw_id=raw)
+        resized = r.get("state") == "RESIZING"
+        start, end, submit = float(r["start"]), r.get("end"), r.get("submit")
+        allocation = ledger.Allocation(job, start, end, width, submit, raw_id=raw, resized=resized)
         known = runs.get((raw, allocation.start))
         if known is None or (known.end is None and allocation.end is not None):  # the row that saw it end wins
             runs[(raw, allocation.start)] = allocation

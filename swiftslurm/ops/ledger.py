@@ -20,6 +20,9 @@ attempt's record (when the wrapper entered each phase, node/attempt.py) and from
                  the requeue, SLURM ending the job run (and a next attempt's preparation in the same allocation)
     finish       the same after the run's last attempt (done, or stopped for good)
     uncommitted  training since the last commit of the attempt still running (lost if it ended now)
+    spares       the spare nodes' share (`resilience.spare_nodes`) of each row SLURM accounts, idle while they
+                 stand by; a `--no-kill` job that lost a node is resized by SLURM (sacct: a RESIZING row, then
+                 the job on the nodes left): both rows are one job run, whose marks go on across the resize
 
 Queue wait (Start - Submit of each job run) is not allocated, so it is shown beside the split, not in it;
 so is the requeue hold (a requeued job run's End -> its return to the queue: SLURM's KillWait, during which
@@ -44,7 +47,18 @@ from swiftslurm.rundir.timeline import COMMITTED, SAVE, TRAIN_BEGIN, TRAIN_END
 if TYPE_CHECKING:
     from swiftslurm.rundir.records import AttemptRecord
 
-CATEGORIES = ("startup", "restore", "load", "committed", "lost", "save", "restart", "finish", "uncommitted")
+CATEGORIES = (
+    "startup",
+    "restore",
+    "load",
+    "committed",
+    "lost",
+    "save",
+    "restart",
+    "finish",
+    "uncommitted",
+    "spares",
+)
 LABELS = {
     "startup": "start-up",
     "restore": "restore",
@@ -55,6 +69,7 @@ LABELS = {
     "restart": "requeue/restart delay",
     "finish": "finish (after the last attempt)",
     "uncommitted": "training not yet committed",
+    "spares": "spare nodes standing by",
 }
 SLACK_S = 2.0  # sacct's times are whole seconds: an attempt may seem to begin or end that much outside its job run
 FINAL_DECISIONS = ("done", "stop")
@@ -79,6 +94,9 @@ class Allocation:
     submit: float | None = None
     from_slurm: bool = True
     raw_id: str | None = None  # sacct's JobIDRaw where it differs from job_id: an array task's own id
+    # SLURM resized the job at this row's End (sacct: RESIZING; a `--no-kill` job that lost a node): the job's next
+    # row, from that moment on the nodes left, continues the same job run.
+    resized: bool = False
 
     def carries(self, job_id: str) -> bool:
         """Whether ``job_id`` names this job: sacct's name (`11_2` for an array task) or its raw id (`14`: what
@@ -96,6 +114,7 @@ class AttemptMarks:
     ended: float | None
     marks: tuple[Mark, ...]
     hosts: int = 1
+    spares: int = 0  # nodes of its allocation standing by as spares (`resilience.spare_nodes`)
 
 
 @dataclass(frozen=True)
@@ -182,7 +201,7 @@ def attempt_marks(record: AttemptRecord, events: Sequence[Mapping[str, Any]], ru
     marks += _tail_marks(record, phases, events)
     ended = record.end if isinstance(record.end, (int, float)) else None
     hosts = len(record.hosts) or 1
-    return AttemptMarks(record.attempt, _job(record), began, ended, tuple(marks), hosts)
+    return AttemptMarks(record.attempt, _job(record), began, ended, tuple(marks), hosts, len(record.spares))
 
 
 def _phase_marks(record: AttemptRecord, phases: Mapping[str, float]) -> list[Mark]:
@@ -284,15 +303,53 @@ def compute(
     every = [*allocations, *own]
     spent = dict.fromkeys(CATEGORIES, 0.0)
     allocated = outside = 0.0
-    for i, allocation in enumerate(every):
-        end = now if allocation.end is None else allocation.end
-        marks = _merged_marks(allocation, held.get(i, []))
-        allocated += max(0.0, end - allocation.start) * allocation.width
-        outside += _outside(marks, allocation.start, end) * allocation.width
-        for category, seconds in split(marks, allocation.start, end).items():
-            spent[category] += seconds * allocation.width
+    for group in _job_runs(every):
+        ran = [attempt for i in group for attempt in held.get(i, [])]
+        marks = _merged_marks(every[group[0]], ran)
+        for i in group:
+            allocation = every[i]
+            end = now if allocation.end is None else allocation.end
+            spare_width = _spare_width(allocation, ran, devices_per_node, now)
+            trained_width = allocation.width - spare_width  # the marks tell what the training nodes' time went to
+            allocated += max(0.0, end - allocation.start) * allocation.width
+            spent["spares"] += max(0.0, end - allocation.start) * spare_width
+            for category, seconds in split(marks, allocation.start, end).items():
+                spent[category] += seconds * trained_width
+        first, last = every[group[0]], every[group[-1]]
+        early, late = _outside(marks, first.start, now if last.end is None else last.end)
+        outside += early * first.width + late * last.width
     queue, hold = _waits(allocations)
     return Ledger(unit, allocated, spent, queue, hold, len(every), len(own), outside)
+
+
+def _job_runs(allocations: Sequence[Allocation]) -> list[list[int]]:
+    """The allocations' indices by job run: a resized row together with the rows that continue it (one job
+    run whose marks go on across the resize), every other row on its own."""
+    order = sorted(
+        range(len(allocations)), key=lambda i: (allocations[i].raw_id or allocations[i].job_id, allocations[i].start)
+    )
+    groups: list[list[int]] = []
+    for i in order:
+        before = allocations[groups[-1][-1]] if groups else None
+        continues = (
+            before is not None
+            and before.resized
+            and (before.raw_id or before.job_id) == (allocations[i].raw_id or allocations[i].job_id)
+        )
+        if continues:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _spare_width(allocation: Allocation, attempts: Sequence[AttemptMarks], devices_per_node: int, now: float) -> int:
+    """The devices of this allocation that stood by as spares (`resilience.spare_nodes`): beyond the training nodes
+    of the attempts with spares that ran in it (0 without spares; 0 on the nodes SLURM left after a resize)."""
+    end = now if allocation.end is None else allocation.end
+    ran = [a for a in attempts if a.spares and a.began < end and (a.ended is None or a.ended > allocation.start)]
+    beyond = (min(a.spares * devices_per_node, max(0, allocation.width - a.hosts * devices_per_node)) for a in ran)
+    return max(beyond, default=0)
 
 
 def _merged_marks(allocation: Allocation, attempts: Iterable[AttemptMarks]) -> list[Mark]:
@@ -317,9 +374,9 @@ def split(marks: Sequence[Mark], start: float, end: float) -> dict[str, float]:
     return seconds
 
 
-def _outside(marks: Sequence[Mark], start: float, end: float) -> float:
-    """How far the marks reach outside start..end (wall seconds): before Start and past End together."""
-    return max(0.0, start - marks[0].at) + max(0.0, marks[-1].at - end)
+def _outside(marks: Sequence[Mark], start: float, end: float) -> tuple[float, float]:
+    """How far the marks reach outside start..end (wall seconds): before Start, and past End."""
+    return max(0.0, start - marks[0].at), max(0.0, marks[-1].at - end)
 
 
 def _holder(allocations: Sequence[Allocation], attempt: AttemptMarks, now: float) -> int | None:

@@ -95,6 +95,8 @@ class RunFacts:
     goodput: float | None
     storage: dict[str, Any] | None
     ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ops/ledger.py)
+    spares_left: int | None = None  # hosts still standing by (resilience.spare_nodes); None: the run has none
+    swaps: tuple[tuple[str, str], ...] = ()  # (lost host, the spare that took its place), oldest first
 
     def as_dict(self) -> dict[str, Any]:
         facts = asdict(self)
@@ -167,7 +169,18 @@ def gather(
         goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
+        spares_left=spares_left(attempts),
+        swaps=tuple(swap for record in attempts for swap in record.swaps),
     )
+
+
+def spares_left(attempts: list[AttemptRecord]) -> int | None:
+    """The spares standing by after the newest attempt that had any: its spares, less those its decision put on
+    the roster (a requeued job starts with fresh ones; None: no attempt had spares)."""
+    newest = next((record for record in reversed(attempts) if record.spares), None)
+    if newest is None:
+        return 0 if any(record.swaps for record in attempts) else None
+    return len(newest.spares) - len(newest.swaps)
 
 
 def _local_job_state(pid: str) -> str:

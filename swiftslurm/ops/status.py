@@ -103,6 +103,14 @@ def row(facts: RunFacts, label: str | None = None) -> list[str]:
     ]
 
 
+def spares_line(facts: RunFacts) -> str | None:
+    """The run's spares (`resilience.spare_nodes`): how many still stand by, and each swap so far."""
+    if facts.spares_left is None:
+        return None
+    swaps = ", ".join(f"{lost} -> {spare}" for lost, spare in facts.swaps) or "none"
+    return f"spares: {facts.spares_left} standing by; lost nodes replaced by a spare: {swaps}"
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
@@ -115,6 +123,8 @@ def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = N
     for f, name in zip(facts, names, strict=True):
         if (f.state not in ("finished", "running") or last_not_uploaded(f)) and f.why:
             lines.append(f"  {name}: {f.why}")
+        if (spares := spares_line(f)) is not None:
+            lines.append(f"  {name}: {spares}")
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
     if slurm is not None and slurm.accounting_error:

@@ -268,6 +268,13 @@ class ResilienceConfig:
         "asks for `cluster.nodes` again when they are there. null = `cluster.nodes`: never shrink. See "
         "docs/resilience.md, 'Resume on fewer nodes'.",
     )
+    spare_nodes: int = doc(
+        0,
+        "Opt-in hot spares: the job asks SLURM for `cluster.nodes` + this many nodes; the spares run the wrapper "
+        "idle (no trainer, no GPU memory) and, when a training node is lost, the attempt restarts in place on the "
+        "survivors plus a spare, from the newest commit, at the same world size (no requeue). Allocated while "
+        "idle: the plan shows their cost. See docs/resilience.md, 'Hot spares'.",
+    )
 
 
 @dataclass

@@ -35,7 +35,7 @@ STORAGE_ENV = (
 # Where ms-swift, Hugging Face and torch cache downloads and compiled kernels when these are set.
 CACHE_ENV = ("MODELSCOPE_CACHE", "HF_HOME", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME", "TRITON_CACHE_DIR")
 MUNGE_SOCKET_DIRS = ("/run/munge", "/var/run/munge")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what container.env may hold
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def container_spec(
     # The cache mounts are at the host's values; pyxis lets an image's own HF_HOME & co win unless passed by name.
     names += [name for name in CACHE_ENV if env.get(name, "").startswith("/")]
     for name in cfg.env:
-        if not _ENV_NAME.match(str(name)):
+        if not ENV_NAME.match(str(name)):
             raise ConfigError(
                 f"container.env holds {name!r}, not a variable name. HINT: e.g. container.env=[WANDB_API_KEY]."
             )

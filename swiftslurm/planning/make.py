@@ -73,6 +73,7 @@ def make_plan(cfg: Config, ctx: PlanContext | None = None) -> JobPlan:
         raise ConfigError(why)
     memory_plan.check_fits(cfg)  # a plan that cannot fit its GPUs is refused before anything is written
     validate.check_shrink(cfg, topology, parallel, batch, swift_args)
+    validate.check_spares(cfg, topology)
     launcher = engine.launcher
     container = container_spec(
         cfg.container,

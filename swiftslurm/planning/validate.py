@@ -704,6 +704,38 @@ def check_shrink(cfg: Config, topology: Topology, par: Parallelism, batch: Batch
         raise ConfigError(why)
 
 
+def check_spares(cfg: Config, topology: Topology) -> None:
+    """`resilience.spare_nodes` (opt-in hot spares): only where a spare can ever take a lost node's place."""
+    spares = cfg.resilience.spare_nodes
+    check_not_negative("resilience.spare_nodes", spares)
+    if spares == 0:
+        return
+    if (why := spares_refusal(cfg, topology)) is not None:
+        raise ConfigError(f"resilience.spare_nodes={spares} {why}")
+
+
+def spares_refusal(cfg: Config, topology: Topology) -> str | None:
+    """Why spares cannot work with this plan (the rest of a one-line error after `resilience.spare_nodes=K`)."""
+    if cfg.cluster.scheduler != "slurm":
+        return "needs SLURM: a local run has no nodes to stand by. HINT: leave resilience.spare_nodes out."
+    if topology.nodes < 2:
+        return (
+            "on a 1-node plan: its one training node is node 0, whose loss ends the job whatever stands by. "
+            "HINT: leave resilience.spare_nodes out, or plan cluster.nodes=2 or more."
+        )
+    if cfg.resilience.min_nodes is not None and cfg.resilience.min_nodes < topology.nodes:
+        return (
+            "with resilience.min_nodes: a run that may shrink cannot yet keep spares (its requeue asks for the "
+            "training nodes alone). HINT: choose one: leave resilience.min_nodes or resilience.spare_nodes out."
+        )
+    if cfg.resilience.max_restarts < 1:
+        return (
+            "with resilience.max_restarts=0: a spare takes over through a restart in place, which that forbids. "
+            "HINT: set resilience.max_restarts=1 or more, or leave resilience.spare_nodes out."
+        )
+    return None
+
+
 def _check_batch_divides(least: int, batch: BatchPlan, data_parallel: Mapping[int, int]) -> None:
     """Every allowed node count (-> its data-parallel size) keeps the global batch with whole accumulation."""
     for nodes, size in data_parallel.items():

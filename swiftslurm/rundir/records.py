@@ -76,6 +76,8 @@ class AttemptRecord:
     phases: dict[str, float] | None = None  # phase name -> when the attempt entered it (attempt.py)
     nodes: int | None = None  # the attempt's node count, for a run that may shrink
     next_nodes: int | None = None  # the node count the next attempt asks for
+    spares: tuple[str, ...] = ()  # the hosts standing by during this attempt (resilience.spare_nodes)
+    swaps: tuple[tuple[str, str], ...] = ()  # (lost host, spare in its place) for the restart this decided
     preflight: str | None = None  # "failed": the preflight stopped the run before training
     refused: bool | None = None  # the wrapper refused to start the attempt
     restore_error: str | None = None  # the object store could not be read before training (node/resume.py)

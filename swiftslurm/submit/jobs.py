@@ -20,7 +20,7 @@ from swiftslurm import slurm as slurm_cli
 from swiftslurm.errors import ConfigError, SubmitError, SwiftSlurmError
 from swiftslurm.plan import JobPlan, plan_digest
 from swiftslurm.planning.validate import NO_TIME_LIMIT
-from swiftslurm.render import job_run_lines, task_count_lines
+from swiftslurm.render import job_run_lines, keeps_nodes_after_a_loss, srun_flags, task_count_lines
 from swiftslurm.rundir import layout as rundir
 from swiftslurm.rundir import records
 from swiftslurm.rundir.jsonio import write_text_atomic
@@ -98,20 +98,22 @@ def executor_parameters(plan: JobPlan) -> dict[str, Any]:
         return {"timeout_min": 24 * 60, "tasks_per_node": 1, "nodes": 1, "name": plan.run_name}
     spec = plan.slurm
     extra: dict[str, Any] = {"requeue": True, "open-mode": "append", **dict(spec.extra)}
+    if keeps_nodes_after_a_loss(plan):
+        extra["no-kill"] = True
     if spec.gpus:
         extra["gpus-per-node"] = spec.gpus
     if spec.time_min == NO_TIME_LIMIT:
         extra["time"] = spec.time  # submitit writes --time from timeout_min; its extras win
     params: dict[str, Any] = {
         "name": spec.job_name,
-        "nodes": plan.topology.nodes,
+        "nodes": plan.allocation_nodes,
         "tasks_per_node": 1,
         "timeout_min": spec.time_min,
         "slurm_partition": spec.partition,
         "slurm_signal_delay_s": int(spec.signal.split("@")[1]),
         "slurm_setup": [*plan.setup, *job_run_lines(), *task_count_lines(plan)],
         "slurm_additional_parameters": extra,
-        "slurm_srun_args": ["--kill-on-bad-exit=1", *container.srun_args(plan)],
+        "slurm_srun_args": [*srun_flags(plan), *container.srun_args(plan)],
     }
     optional = {
         "cpus_per_task": spec.cpus_per_task,

@@ -12,7 +12,7 @@ from swiftslurm.render import display_command, render_sbatch, swift_command
 from swiftslurm.rundir.layout import PREFLIGHT_REPORT, SBATCH, preflight_dir
 from swiftslurm.rundir.metrics import read_metrics
 from swiftslurm.rundir.reserve import RESERVE_BYTES
-from swiftslurm.slurm_env import SlurmEnv, rank_env
+from swiftslurm.slurm_env import SlurmEnv, first_roster, on_roster, rank_env
 from swiftslurm.submit.preflight import read_report
 
 EXAMPLE_JOB_ID = "12345"
@@ -39,7 +39,30 @@ def describe_plan(plan: JobPlan) -> str:
             f"slurm       partition {spec.partition}, time {spec.time} ({limit}), "
             f"signal {spec.signal}, gpus/node {spec.gpus or 0}"
         )
+    if (spares := spares_line(plan)) is not None:
+        lines.append(spares)
     return "\n".join(lines)
+
+
+def spares_line(plan: JobPlan) -> str | None:
+    """The plan's spares (`resilience.spare_nodes`) and what they cost: allocated for the whole job run, idle
+    until a training node is lost (None: no spares)."""
+    spares, topo = plan.resilience.spare_nodes, plan.topology
+    if not spares:
+        return None
+    unit, per_node = ("GPU", topo.gpus_per_node) if topo.gpus_per_node else ("CPU process", topo.procs_per_node)
+    time_min = plan.slurm.time_min if plan.slurm else 0
+    cost = (
+        f"{spares * per_node * time_min / 60:.1f} {unit}-hours per job run at the time limit"
+        if time_min
+        else f"{spares * per_node} {unit}(s) for as long as the job runs (no time limit)"
+    )
+    share = spares / plan.allocation_nodes
+    return (
+        f"spares      {spares} node(s) beside the {topo.nodes} training: the job asks for {plan.allocation_nodes} "
+        f"(sbatch/srun --no-kill); idle until a training node is lost, then one takes its place in the same job; "
+        f"cost: {cost}, {share:.0%} of the allocation (docs/resilience.md)"
+    )
 
 
 def _disk_lines(plan: JobPlan) -> list[str]:
@@ -63,7 +86,7 @@ def example_node_envs(plan: JobPlan) -> list[tuple[SlurmEnv, dict[str, str]]]:
     if plan.scheduler == "local":
         where = SlurmEnv.local({})
         return [(where, rank_env(where, plan))]
-    n = plan.topology.nodes
+    n = plan.allocation_nodes  # the training nodes, then the spares
     nodelist = f"node[001-{n:03d}]" if n > 1 else "node001"
     rows = []
     for node in range(n):
@@ -76,7 +99,8 @@ def example_node_envs(plan: JobPlan) -> list[tuple[SlurmEnv, dict[str, str]]]:
             "SLURM_NTASKS": str(n),
         }
         where = SlurmEnv.from_environ(srun_env)
-        rows.append((where, rank_env(where, plan)))
+        placed = on_roster(where, first_roster(where, plan))
+        rows.append((where, rank_env(placed, plan) if placed is not None else {}))  # a spare starts no trainer
     return rows
 
 

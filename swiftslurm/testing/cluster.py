@@ -74,10 +74,11 @@ def submit(run_dir: Path, *overrides: str) -> str:
 
 
 def job_state(job_id: str) -> str:
-    """The state sacct gives the job's newest run ("UNKNOWN" while sacct has no row)."""
+    """The state sacct gives the job's newest run ("UNKNOWN" while sacct has no row). Its last row: a job SLURM
+    resized (`--no-kill`, a node lost) has a RESIZING row before it."""
     out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True)
-    states = out.stdout.split()
-    return states[0].split()[0] if states else "UNKNOWN"
+    states = out.stdout.splitlines()
+    return states[-1].split()[0] if states else "UNKNOWN"
 
 
 def queue_state(job_id: str) -> str | None:
