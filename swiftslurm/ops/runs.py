@@ -23,9 +23,11 @@ from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
     SYNC_STATE,
+    attempt_dir,
     logs_dir,
     output_dir,
     slurm_log,
+    stragglers_file,
 )
 from swiftslurm.rundir.metrics import read_latest
 from swiftslurm.rundir.records import (
@@ -33,6 +35,7 @@ from swiftslurm.rundir.records import (
     is_cancelled,
     newest_wrapper_failure,
     read_attempts,
+    read_open_attempt,
     read_refused_submission,
     read_status,
 )
@@ -95,6 +98,8 @@ class RunFacts:
     goodput: float | None
     storage: dict[str, Any] | None
     ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ops/ledger.py)
+    # The nodes named slow in the newest attempt (node/stragglers.py): node, host, ratio, since, since_step, step
+    stragglers: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         facts = asdict(self)
@@ -167,7 +172,17 @@ def gather(
         goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
+        stragglers=newest_stragglers(run_dir, attempts),
     )
+
+
+def newest_stragglers(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:
+    """The nodes named slow in the run's newest attempt (node 0's stragglers.json), while it runs and after."""
+    running = read_open_attempt(run_dir)
+    newest = running.attempt if running else attempts[-1].attempt if attempts else None
+    report = read_json(stragglers_file(attempt_dir(run_dir, newest))) if newest else None
+    named = (report or {}).get("stragglers")
+    return tuple(s for s in named if isinstance(s, dict)) if isinstance(named, list) else ()
 
 
 def _local_job_state(pid: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,18 @@ def _storage(facts: RunFacts) -> str:
     return text + (f", {sync['failures']} failed tries" if sync.get("failures") else "")
 
 
+def straggler_line(straggler: dict[str, Any]) -> str:
+    """'straggler: node 1 (gpu-017), its training forwards 1.50× the other nodes' median since step 12 (14:02:11
+    UTC); excluded from the next requeue'."""
+    since = time.strftime("%H:%M:%S UTC", time.gmtime(float(straggler.get("since", 0))))
+    text = (
+        f"straggler: node {straggler.get('node')} ({straggler.get('host')}), its training forwards "
+        f"{float(straggler.get('ratio', 0)):.2f}× the other nodes' median since step {straggler.get('since_step')} "
+        f"({since})"
+    )
+    return text + ("; excluded from the next requeue" if straggler.get("exclude") else "")
+
+
 def last_not_uploaded(facts: RunFacts) -> bool:
     """Whether the run's newest committed checkpoint waits for its upload (sync.json lists it pending)."""
     return facts.committed_step is not None and facts.committed_step in (facts.storage or {}).get("pending", [])
@@ -115,6 +128,7 @@ def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = N
     for f, name in zip(facts, names, strict=True):
         if (f.state not in ("finished", "running") or last_not_uploaded(f)) and f.why:
             lines.append(f"  {name}: {f.why}")
+        lines += [f"  {name}: {straggler_line(s)}" for s in f.stragglers]
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
     if slurm is not None and slurm.accounting_error:
