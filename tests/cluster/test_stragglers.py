@@ -1,0 +1,58 @@
+"""Issue 30, part 2: one node's training forwards made 50 % slower from step SLOW_FROM (slow_node_plugin.py, as a
+slow GPU would), on the real SLURM cluster with real ms-swift on 2 nodes: `status` and `status --json` name that
+node, and only that node, while the run trains, with how much slower and since which step; node 0's log says so.
+The slowness is forced by the plugin (1.5× against a 1.2× threshold), never waited for; every step lasts at least
+STEP_FLOOR_S (step_floor_plugin.py), so the run is longer than the window on any machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swiftslurm.testing.cli import swiftslurm
+from swiftslurm.testing.cluster import attempts, node_log, run_over, submit, wait_for_job, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+HERE = Path(__file__).resolve().parent
+PLUGINS = f"swift.external_plugins=[{HERE / 'step_floor_plugin.py'},{HERE / 'slow_node_plugin.py'}]"
+SLOW_NODE, SLOW_FROM = 1, 10
+# 120 steps of at least 0.25 s (step_floor_plugin.STEP_FLOOR_S): 30 s of training or more. Naming takes the 8
+# steps that turn the slow node's median of 15 (rundir/pace.RECENT_STEPS), a pace written and read every 5 s
+# (PUBLISH_S), and resilience.straggler_s=5: about 20 s.
+RUN = ("swift.max_steps=120", "swift.save_steps=60", "resilience.straggler_s=5")
+
+
+def status_json(run_dir: Path) -> dict[str, Any]:
+    done = swiftslurm("status", str(run_dir), "--json", "--no-slurm", cwd=run_dir.parent)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout)["runs"][0])
+
+
+def test_status_names_the_node_whose_steps_are_slowed(tmp_path: Path, slurm_cluster: None) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(
+        run_dir,
+        *RUN,
+        PLUGINS,
+        "swift.callbacks=[step_floor,slow_node]",
+        f"+cluster.env.SWIFTSLURM_TEST_SLOW_NODE='{SLOW_NODE}'",
+        f"+cluster.env.SWIFTSLURM_TEST_SLOW_FROM='{SLOW_FROM}'",
+    )
+    over = run_over(run_dir, job)
+    named = wait_until(lambda: status_json(run_dir)["stragglers"], 300, "a straggler in status", poll_s=2, over=over)
+    during = status_json(run_dir)["state"]
+    assert wait_for_job(job) == "COMPLETED"
+    (record,) = attempts(run_dir)
+    assert record["reason"] == "finished" and during == "running"  # named while the run trained
+    (straggler,) = named  # node 0 is never named
+    assert straggler["node"] == SLOW_NODE and straggler["host"] == record["hosts"][SLOW_NODE], straggler
+    assert straggler["ratio"] >= 1.2 and straggler["since_step"] >= SLOW_FROM, straggler  # never before the plugin
+    assert straggler["step"] < 120 and "exclude" not in straggler  # before the end; straggler_action=report
+    assert [s["node"] for s in record["stragglers"]] == [SLOW_NODE]  # still named when training ended
+    text = swiftslurm("status", str(run_dir), "--no-slurm", cwd=run_dir.parent).stdout
+    print(text)
+    assert f"straggler: node {SLOW_NODE} ({straggler['host']})" in text
+    assert f"node {SLOW_NODE} ({straggler['host']}) is a straggler" in node_log(run_dir, record["attempt"], 0)
