@@ -75,20 +75,21 @@ class ForwardClock:
 
 @dataclass
 class NodePace:
-    """A node's local rank 0: times its training forwards and publishes its pace at each step's end."""
+    """A rank: times its training forwards and writes its pace (rundir/pace.py) at each step's end."""
 
     writer: PaceWriter
     clock: ForwardClock
 
     @classmethod
     def attach(cls, model: Any, args: Any) -> NodePace | None:
-        """On each node's local rank 0 under the wrapper; None elsewhere, and where forwards do not time a
-        node's own compute (said once in that node's log)."""
+        """On every rank under the wrapper; None without it, and where forwards do not time a node's own
+        compute (said once in each node's log, by its local rank 0)."""
         writer = PaceWriter.from_environ()
-        if writer.path is None or model is None:
+        if not writer.active or model is None:
             return None
         if (why := not_covered(args)) is not None:
-            print(f"[swiftslurm] slow nodes are not detected in this run: {why} (docs/resilience.md)", flush=True)
+            if writer.local_rank == 0:
+                print(f"[swiftslurm] slow nodes are not detected in this run: {why} (docs/resilience.md)", flush=True)
             return None
         return cls(writer, ForwardClock(model))
 

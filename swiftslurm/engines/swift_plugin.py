@@ -3,11 +3,11 @@
 It registers two Trainer callbacks (hooks.py does the work). `swiftslurm_stop` saves the current step and
 stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at
 the same step. `swiftslurm_commit` commits each checkpoint once every rank has written it, and writes global
-rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py); each node's local rank 0
-times its training forwards and publishes its node's pace (engines/forward_clock.py, rundir/pace.py). Retention
-(`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's
-stack dump (hooks.py) and blocks the stop signals in every process the rank starts (signals.py: only the ranks
-see them).
+rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py); every rank times
+its training forwards, and each node's local rank 0 publishes the node's pace (engines/forward_clock.py,
+rundir/pace.py). Retention (`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing
+it registers the rank's stack dump (hooks.py) and blocks the stop signals in every process the rank starts
+(signals.py: only the ranks see them).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class CommitCallback(TrainerCallback):
     def __init__(self, args: Any, trainer: Any) -> None:
         super().__init__(args, trainer)
         self._committer = Committer(engine="swift")
-        self._pace: NodePace | None = None  # each node's local rank 0: its training forwards' pace
+        self._pace: NodePace | None = None  # this rank's training forwards' pace (rundir/pace.py)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._committer.train_begun(state.global_step)  # after the resume checkpoint was loaded

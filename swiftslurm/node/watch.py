@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,7 @@ from swiftslurm.rundir.layout import (
     trainer_timeline,
 )
 from swiftslurm.rundir.lease import TOKEN_ENV
-from swiftslurm.rundir.pace import PACE_ENV, PUBLISH_S, read_paces
+from swiftslurm.rundir.pace import LOCAL_PACE_ENV, PACE_ENV, PUBLISH_S, local_pace_dir, read_paces
 from swiftslurm.rundir.timeline import TIMELINE_ENV
 from swiftslurm.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.slurm import JobTimes
@@ -131,6 +132,7 @@ def trainer_env(
         **({STACKS_ENV: str(stacks_dir(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
         **({PROGRESS_ENV: str(progress_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
         **({PACE_ENV: str(pace_file(attempt_dir(run_dir, attempt), where.node_id))} if attempt is not None else {}),
+        **({LOCAL_PACE_ENV: str(local_pace_dir(attempt, where.node_id))} if attempt is not None else {}),
         **({STOP_FILE_ENV: str(stop_step_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
     }
 
@@ -183,6 +185,7 @@ def train(
     disk_free = reserve.free_bytes(plan.output_dir if plan.output_dir.is_dir() else run_dir)
     reserve.release(run_dir, where.node_id)  # before anything is written: a save may have filled the disk
     stacks.tidy(log_path.parent, node_ranks(plan, where))
+    shutil.rmtree(local_pace_dir(attempt, where.node_id), ignore_errors=True)
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
     observed = Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by)

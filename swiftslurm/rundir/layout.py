@@ -29,7 +29,7 @@
                          word: restart in place, or end), stop.json (global rank 0: the step every rank
                          agreed to save and stop at), save_deadline.json (node 0: when a trainer still
                          running after a stop signal is killed, and from what: node/deadline.py),
-                         pace/node<N>.json (node N's local rank 0: the median forward time of its recent
+                         pace/node<N>.json (node N's local rank 0: the median forward time of its slowest rank's recent
                          training steps; rundir/pace.py), stragglers.json (node 0: the nodes named slower than
                          the others, by how much, since when; node/stragglers.py)
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)

@@ -20,7 +20,16 @@ from swiftslurm.ops.runs import newest_stragglers
 from swiftslurm.ops.status import straggler_line
 from swiftslurm.rundir.beat import ProgressWatch
 from swiftslurm.rundir.layout import node_log, pace_file, progress_file, stragglers_file
-from swiftslurm.rundir.pace import PUBLISH_S, RECENT_STEPS, Pace, PaceWriter, read_pace, read_paces
+from swiftslurm.rundir.pace import (
+    PUBLISH_S,
+    RECENT_STEPS,
+    Pace,
+    PaceWriter,
+    local_pace_dir,
+    read_pace,
+    read_paces,
+    slowest,
+)
 from swiftslurm.rundir.records import AttemptRecord
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import SlurmEnv
@@ -155,12 +164,27 @@ def test_the_pace_is_the_median_of_recent_steps_published_at_most_every_few_seco
     assert read_paces(tmp_path / "pace") == {1: pace}
 
 
-def test_only_a_nodes_local_rank_zero_publishes(tmp_path: Path) -> None:
-    env = {"SWIFTSLURM_PACE": str(tmp_path / "node2.json"), "NODE_RANK": "2"}
-    assert PaceWriter.from_environ(env | {"LOCAL_RANK": "0"}).path == tmp_path / "node2.json"
-    assert PaceWriter.from_environ(env | {"LOCAL_RANK": "0"}).node == 2
-    assert PaceWriter.from_environ(env | {"LOCAL_RANK": "1"}).path is None
-    assert PaceWriter.from_environ({}).path is None
+def test_only_a_nodes_local_rank_zero_publishes_every_rank_times(tmp_path: Path) -> None:
+    env = {"SWIFTSLURM_PACE": str(tmp_path / "node2.json"), "SWIFTSLURM_LOCAL_PACE": str(tmp_path), "NODE_RANK": "2"}
+    zero, one = PaceWriter.from_environ(env | {"LOCAL_RANK": "0"}), PaceWriter.from_environ(env | {"LOCAL_RANK": "1"})
+    assert (zero.path, zero.node, zero.local_rank) == (tmp_path / "node2.json", 2, 0)
+    assert (one.path, one.local, one.local_rank, one.active) == (None, tmp_path, 1, True)
+    assert not PaceWriter.from_environ({}).active  # not under the wrapper: nothing timed, nothing written
+
+
+def test_one_slow_gpu_of_a_node_names_its_node(tmp_path: Path) -> None:
+    """Every local rank writes its own pace in the node-local folder; local rank 0 publishes the slowest."""
+    published, local = tmp_path / "run" / "pace" / "node1.json", tmp_path / "local"
+    ranks = [
+        PaceWriter(published if r == 0 else None, local, node=1, local_rank=r, clock=lambda: 0.0) for r in range(4)
+    ]
+    for rank in (3, 1, 2, 0):  # local rank 0 last here: it reads what the others wrote
+        ranks[rank].step_ended(7, 0.3 if rank == 2 else 0.2)
+    pace = read_pace(published)
+    assert pace is not None and (pace.forward_s, pace.rank, pace.step) == (0.3, 2, 7)
+    assert sorted(p.name for p in local.iterdir()) == ["rank0.json", "rank1.json", "rank2.json", "rank3.json"]
+    assert slowest(Pace(1, 0.2, 3, 7, 0.0), tmp_path / "missing") == Pace(1, 0.2, 3, 7, 0.0)
+    assert local_pace_dir("12.r1", 3).name == "swiftslurm-pace-12.r1-node3"
 
 
 def test_unreadable_paces_are_skipped(tmp_path: Path) -> None:
@@ -186,7 +210,9 @@ def watcher_for(tmp_path: Path, *overrides: str) -> tuple[_Watcher, Path]:
 
 def publish(attempt: Path, step: int, forward: dict[int, float]) -> None:
     for node, seconds in forward.items():
-        PaceWriter(pace_file(attempt, node), node).write(Pace(node, seconds, RECENT_STEPS, step, 0.0))
+        PaceWriter(pace_file(attempt, node), node=node).write(
+            pace_file(attempt, node), Pace(node, seconds, RECENT_STEPS, step, 0.0)
+        )
 
 
 def test_node_zero_names_the_slow_node_in_its_log_and_for_status(tmp_path: Path) -> None:
