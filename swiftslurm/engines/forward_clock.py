@@ -3,9 +3,9 @@
 A forward pre-hook and hook on the unwrapped model (inside DDP's wrapper, so DDP's own work before the forward
 is not in it) time each forward while the model trains; evaluations (``model.training`` False) are not timed.
 With data parallelism (DDP, LoRA on DDP, ZeRO-1/2) that forward holds no collective: its duration is this rank's
-own compute. On a GPU the forward's kernels run after the call returns, so CUDA events recorded on the stream at
-its start and end time it, read once they are done (``Event.query``: never a synchronisation); on CPU, the
-wall clock.
+own compute. On a GPU the forward's kernels run after the call returns (the CPU's own time of the call says
+nothing), so CUDA events recorded on the stream at its start and end time it, read once they are done
+(``Event.query``: never a synchronisation); on CPU, the wall clock.
 
 Not covered: ZeRO-3 and FSDP, whose forward gathers each layer's parameters from the other ranks (a wait for
 the slowest of them, not this rank's compute); `not_covered` says so, and nothing is timed there. Nor is
@@ -15,6 +15,7 @@ Megatron (its plugin publishes no pace).
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +34,17 @@ def not_covered(args: Any) -> str | None:
 
 
 class ForwardClock:
-    """Times ``model``'s training forwards; ``take`` returns the seconds timed since the last call."""
+    """Times ``model``'s training forwards, step by step: ``step_ended`` closes a step, ``done_steps`` returns
+    the closed steps whose forwards are all timed. On a GPU the CPU runs ahead of the kernels, so a step's
+    events are often not done at its own end: each forward is kept with the step it belongs to and read later,
+    never added to another step's (which would make one step look twice as slow and the next one free)."""
 
     def __init__(self, model: Any) -> None:
         first = next(model.parameters(), None)
         self.cuda = first is not None and first.is_cuda
         self.started: Any = None  # the running forward's start: a perf_counter value, or a CUDA event
-        self.pending: list[tuple[Any, Any]] = []  # CUDA: (start, end) events not yet read
-        self.timed_s = 0.0
+        self.forwards: list[tuple[Any, Any]] = []  # the current step's (start, end) marks
+        self.closed: deque[tuple[int, list[tuple[Any, Any]]]] = deque()  # (step, its marks), oldest first
         model.register_forward_pre_hook(self.begin)
         model.register_forward_hook(self.end)
 
@@ -48,13 +52,9 @@ class ForwardClock:
         self.started = self.mark() if module.training else None
 
     def end(self, module: Any, args: Any, output: Any) -> None:
-        if self.started is None:
-            return
-        if self.cuda:
-            self.pending.append((self.started, self.mark()))
-        else:
-            self.timed_s += time.perf_counter() - self.started
-        self.started = None
+        if self.started is not None:
+            self.forwards.append((self.started, self.mark()))
+            self.started = None
 
     def mark(self) -> Any:
         if not self.cuda:
@@ -65,12 +65,26 @@ class ForwardClock:
         event.record()
         return event
 
-    def take(self) -> float:
-        """The forward seconds timed since the last call (on a GPU: of the forwards whose kernels are done)."""
-        done = [(start, end) for start, end in self.pending if end.query()]
-        self.pending = [pair for pair in self.pending if pair not in done]
-        seconds, self.timed_s = self.timed_s + sum(start.elapsed_time(end) / 1000 for start, end in done), 0.0
-        return seconds
+    def step_ended(self, step: int) -> None:
+        if self.forwards:
+            self.closed.append((step, self.forwards))
+            self.forwards = []
+
+    def done_steps(self) -> list[tuple[int, float]]:
+        """(step, its forward seconds) of the closed steps whose forwards are done, in order; each once."""
+        done = []
+        while self.closed and all(_done(end) for _, end in self.closed[0][1]):
+            step, forwards = self.closed.popleft()
+            done.append((step, sum(_elapsed_s(start, end) for start, end in forwards)))
+        return done
+
+
+def _done(mark: Any) -> bool:
+    return isinstance(mark, float) or bool(mark.query())  # Event.query: never a synchronisation
+
+
+def _elapsed_s(start: Any, end: Any) -> float:
+    return end - start if isinstance(start, float) else float(start.elapsed_time(end)) / 1000
 
 
 @dataclass
@@ -94,4 +108,6 @@ class NodePace:
         return cls(writer, ForwardClock(model))
 
     def step_ended(self, step: int) -> None:
-        self.writer.step_ended(step, self.clock.take())
+        self.clock.step_ended(step)
+        for done, seconds in self.clock.done_steps():
+            self.writer.step_ended(done, seconds)

@@ -319,8 +319,42 @@ def test_the_clock_times_training_forwards_only(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(forward_clock.time, "perf_counter", lambda: now[0])
     model = SlowModule(now, 0.25)
     clock = forward_clock.ForwardClock(model)
-    model(), model()  # two micro-batches of one step
-    assert clock.take() == 0.5 and clock.take() == 0.0
+    model(), model()  # two micro-batches of step 1
+    clock.step_ended(1)
+    assert clock.done_steps() == [(1, 0.5)] and clock.done_steps() == []
     model.training = False  # an evaluation
     model()
-    assert clock.take() == 0.0
+    clock.step_ended(2)
+    assert clock.done_steps() == []
+
+
+class FakeEvent:
+    """A CUDA event as the clock uses it: done once the GPU got there, then how far apart two are (ms)."""
+
+    def __init__(self, at_ms: float) -> None:
+        self.at_ms, self.finished = at_ms, False
+
+    def query(self) -> bool:
+        return self.finished
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.at_ms - self.at_ms
+
+
+def test_on_a_gpu_each_forward_counts_in_its_own_step_once_its_kernels_are_done() -> None:
+    """The CPU runs ahead of the GPU: step 1's forward is not done at step 1's end. It is read at a later step's
+    end, as step 1's (never added to step 2's, which would make step 2 look twice as slow)."""
+    clock = forward_clock.ForwardClock(SlowModule([0.0], 0.0))
+    clock.cuda = True
+    events = iter(FakeEvent(ms) for ms in (0.0, 40.0, 100.0, 140.0))
+    clock.mark = lambda: next(events)  # type: ignore[method-assign]
+    model = SlowModule([0.0], 0.0)
+    clock.begin(model, ()), clock.end(model, (), None)
+    clock.step_ended(1)
+    assert clock.done_steps() == []  # the kernels still run
+    clock.begin(model, ()), clock.end(model, (), None)
+    clock.step_ended(2)
+    clock.closed[0][1][0][1].finished = True  # step 1's end event is done, step 2's not yet
+    assert clock.done_steps() == [(1, 0.04)]
+    clock.closed[0][1][0][1].finished = True
+    assert clock.done_steps() == [(2, 0.04)]
