@@ -22,6 +22,20 @@ from typing import Any
 from swiftslurm.rundir.pace import PaceWriter
 
 
+def planned_coverage(engine: str, deepspeed: str | None, fsdp: str | None) -> str | None:
+    """The dry run's line when the plan's slow nodes go undetected (None: they are detected)."""
+    why = (
+        "ZeRO-3 gathers parameters inside the forward"
+        if (deepspeed or "").startswith("zero3")
+        else "FSDP gathers parameters inside the forward"
+        if fsdp or engine == "fsdp"
+        else "the Megatron plugin times no forward"
+        if engine == "megatron"
+        else None
+    )
+    return f"stragglers  not detected: {why} (docs/resilience.md, 'Stragglers')" if why else None
+
+
 def not_covered(args: Any) -> str | None:
     """Why this run's forwards do not time its own compute (None: they do)."""
     from transformers.integrations import is_deepspeed_zero3_enabled

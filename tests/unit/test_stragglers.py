@@ -358,3 +358,21 @@ def test_on_a_gpu_each_forward_counts_in_its_own_step_once_its_kernels_are_done(
     assert clock.done_steps() == [(1, 0.04)]
     clock.closed[0][1][0][1].finished = True
     assert clock.done_steps() == [(2, 0.04)]
+
+
+@pytest.mark.parametrize(
+    ("engine", "deepspeed", "fsdp", "says"),
+    [
+        ("ddp", None, None, None),
+        ("deepspeed", "zero2", None, None),
+        ("deepspeed", "zero3", None, "ZeRO-3 gathers parameters"),
+        ("deepspeed", "zero3_offload", None, "ZeRO-3 gathers parameters"),
+        ("fsdp", None, "fsdp2", "FSDP gathers parameters"),
+        ("megatron", None, None, "the Megatron plugin times no forward"),
+    ],
+)
+def test_the_dry_run_says_where_slow_nodes_go_undetected(
+    engine: str, deepspeed: str | None, fsdp: str | None, says: str | None
+) -> None:
+    line = forward_clock.planned_coverage(engine, deepspeed, fsdp)
+    assert (line is None) if says is None else (line is not None and says in line and "not detected" in line)
