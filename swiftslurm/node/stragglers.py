@@ -13,6 +13,7 @@ no longer named.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,9 +41,10 @@ class Straggler:
     step: int  # its newest step judged
 
     def line(self) -> str:
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))  # a given time, formatted: no clock read
         return (
             f"node {self.node} ({self.host}) is a straggler: its training forwards take {self.ratio:.2f}× the "
-            f"other nodes' median, since step {self.since_step}"
+            f"other nodes' median, since step {self.since_step} ({since})"
         )
 
     def as_dict(self) -> dict[str, Any]:

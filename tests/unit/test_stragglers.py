@@ -61,7 +61,8 @@ def test_a_node_slow_for_the_whole_window_is_named_with_its_ratio_and_since() ->
     watch = StragglerWatch(LIMITS, HOSTS)
     lines = run(watch, [{0: 1.0, 1: 1.5}] * 8)  # 0 s .. 70 s
     assert lines == [
-        "node 1 (n1) is a straggler: its training forwards take 1.50× the other nodes' median, since step 1"
+        "node 1 (n1) is a straggler: its training forwards take 1.50× the other nodes' median, since step 1 "
+        "(00:00:00 UTC)"
     ]
     (named,) = watch.stragglers()
     assert (named.node, named.host, named.since, named.since_step, named.step) == (1, "n1", 0.0, 1, 8)
