@@ -36,6 +36,10 @@ PACE_ENV = "SWIFTSLURM_PACE"  # set by each node's wrapper (watch.py): where its
 LOCAL_PACE_ENV = "SWIFTSLURM_LOCAL_PACE"  # set by each node's wrapper: the node-local folder of its ranks' paces
 LOCAL_PACE_FILE = "rank{rank}.json"  # in that folder, by local rank
 RECENT_STEPS = 15  # the median of this many steps: one slow step (a stall, a GC pause) moves nothing
+# A trainer's first steps are not its pace (lazy allocation, caches warming up, unevenly across ranks: on the
+# local cluster node 0's first steps took 1.5 times node 1's): they are left out, and a rank writes nothing
+# until RECENT_STEPS steps after them are timed.
+WARMUP_STEPS = 5
 PUBLISH_S = 5.0  # a node writes its pace at most this often
 
 
@@ -119,6 +123,7 @@ class PaceWriter:
     clock: Callable[[], float] = time.time
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     published_at: float = float("-inf")
+    timed: int = 0  # steps timed by this trainer, its warm-up included
     _warned: bool = False
 
     @classmethod
@@ -135,9 +140,11 @@ class PaceWriter:
     def step_ended(self, step: int, forward_s: float) -> None:
         if not self.active or forward_s <= 0:
             return
+        self.timed += 1
+        if self.timed <= WARMUP_STEPS:
+            return
         self.recent.append(forward_s)
-        now = self.clock()
-        if now - self.published_at < PUBLISH_S:
+        if len(self.recent) < RECENT_STEPS or (now := self.clock()) - self.published_at < PUBLISH_S:
             return
         self.published_at = now
         own = Pace(self.node, statistics.median(self.recent), len(self.recent), step, now, self.local_rank)

@@ -23,6 +23,7 @@ from swiftslurm.rundir.layout import node_log, pace_file, progress_file, straggl
 from swiftslurm.rundir.pace import (
     PUBLISH_S,
     RECENT_STEPS,
+    WARMUP_STEPS,
     Pace,
     PaceWriter,
     local_pace_dir,
@@ -155,13 +156,16 @@ def test_one_node_alone_is_never_a_straggler() -> None:
 def test_the_pace_is_the_median_of_recent_steps_published_at_most_every_few_seconds(tmp_path: Path) -> None:
     clock = itertools.count(0.0, 1.0)
     writer = PaceWriter(tmp_path / "pace" / "node1.json", node=1, clock=lambda: float(next(clock)))
-    writer.step_ended(1, 0.2)  # t=0: published
-    assert read_pace(writer.path) == Pace(1, 0.2, 1, 1, 0.0)  # type: ignore[arg-type]
-    for step in range(2, 30):
-        writer.step_ended(step, 9.0 if step == 20 else 0.2)  # one slow step
+    for step in range(1, WARMUP_STEPS + RECENT_STEPS):  # the warm-up, then one step short of a full window
+        writer.step_ended(step, 5.0 if step <= WARMUP_STEPS else 0.2)
+    assert not (tmp_path / "pace").exists()  # nothing before a full window after the warm-up
+    writer.step_ended(WARMUP_STEPS + RECENT_STEPS, 0.2)  # t=0: published
+    assert read_pace(tmp_path / "pace" / "node1.json") == Pace(1, 0.2, RECENT_STEPS, WARMUP_STEPS + RECENT_STEPS, 0.0)
+    for step in range(WARMUP_STEPS + RECENT_STEPS + 1, 60):
+        writer.step_ended(step, 9.0 if step == 40 else 0.2)  # one slow step
     pace = read_pace(tmp_path / "pace" / "node1.json")
     assert pace is not None and pace.forward_s == 0.2 and pace.steps == RECENT_STEPS
-    assert pace.t % PUBLISH_S == 0 and pace.step == 1 + int(pace.t)  # written every PUBLISH_S, not every step
+    assert pace.t % PUBLISH_S == 0 and pace.step == WARMUP_STEPS + RECENT_STEPS + int(pace.t)  # every PUBLISH_S
     assert read_paces(tmp_path / "pace") == {1: pace}
 
 
@@ -179,10 +183,11 @@ def test_one_slow_gpu_of_a_node_names_its_node(tmp_path: Path) -> None:
     ranks = [
         PaceWriter(published if r == 0 else None, local, node=1, local_rank=r, clock=lambda: 0.0) for r in range(4)
     ]
-    for rank in (3, 1, 2, 0):  # local rank 0 last here: it reads what the others wrote
-        ranks[rank].step_ended(7, 0.3 if rank == 2 else 0.2)
+    for step in range(1, WARMUP_STEPS + RECENT_STEPS + 1):
+        for rank in (3, 1, 2, 0):  # local rank 0 last here: it reads what the others wrote
+            ranks[rank].step_ended(step, 0.3 if rank == 2 else 0.2)
     pace = read_pace(published)
-    assert pace is not None and (pace.forward_s, pace.rank, pace.step) == (0.3, 2, 7)
+    assert pace is not None and (pace.forward_s, pace.rank, pace.step) == (0.3, 2, WARMUP_STEPS + RECENT_STEPS)
     assert sorted(p.name for p in local.iterdir()) == ["rank0.json", "rank1.json", "rank2.json", "rank3.json"]
     assert slowest(Pace(1, 0.2, 3, 7, 0.0), tmp_path / "missing") == Pace(1, 0.2, 3, 7, 0.0)
     assert local_pace_dir("12.r1", 3).name == "swiftslurm-pace-12.r1-node3"
