@@ -6,8 +6,8 @@ slow while its pace is at least ``ratio`` times the median of the other nodes' (
 with two nodes the median of all would sit halfway to the slow one, and 1.5× would read as 1.2×). It is named a
 straggler once it has stayed slow for ``sustain_s`` by the leader's clock, judged only on new evidence (a pace
 of a step newer than the last one judged): a save or an evaluation holds no training forward and changes
-nothing, and one slow step is one sample of a node's median. A named node that is judged at pace again is
-no longer named.
+nothing, and one slow step is one sample of a node's median. A named node is no longer named once it has been
+judged at pace for ``sustain_s`` too: one noisy reading neither names a node nor clears one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from swiftslurm.rundir.pace import Pace
@@ -73,6 +73,7 @@ class StragglerWatch:
     judged_step: dict[int, int] = field(default_factory=dict)  # node -> the newest step of it judged
     slow: dict[int, Straggler] = field(default_factory=dict)  # node -> since when it is slow (named or not yet)
     named: dict[int, Straggler] = field(default_factory=dict)  # node -> its report, while it stands
+    at_pace: dict[int, float] = field(default_factory=dict)  # named node -> since when it is read at pace
 
     def observe(self, paces: Mapping[int, Pace], now: float) -> list[str]:
         """Judge every node with new evidence; the lines for the log: nodes named, and nodes back at pace."""
@@ -87,9 +88,10 @@ class StragglerWatch:
 
     def judge(self, node: int, pace: Pace, ratio: float, now: float) -> str | None:
         if ratio < self.limits.ratio:
-            self.slow.pop(node, None)
-            if (gone := self.named.pop(node, None)) is not None:
-                return f"node {node} ({gone.host}) is at pace again ({ratio:.2f}× the others) at step {pace.step}"
+            return self.at_pace_reading(node, pace, ratio, now)
+        self.at_pace.pop(node, None)
+        if node in self.named:  # still slow: its report stays, with the newest ratio and step
+            self.named[node] = replace(self.named[node], ratio=ratio, step=pace.step)
             return None
         host = self.hosts[node] if node < len(self.hosts) else f"node{node}"
         before = self.slow.get(node)
@@ -100,6 +102,15 @@ class StragglerWatch:
         newly = node not in self.named
         self.named[node] = self.slow[node]
         return self.named[node].line() if newly else None
+
+    def at_pace_reading(self, node: int, pace: Pace, ratio: float, now: float) -> str | None:
+        """A reading below the ratio: the window to name the node starts over; a named node stays named until it
+        has been at pace for ``sustain_s`` too (one noisy reading neither names nor clears)."""
+        self.slow.pop(node, None)
+        if node not in self.named or now - self.at_pace.setdefault(node, now) < self.limits.sustain_s:
+            return None
+        gone, _ = self.named.pop(node), self.at_pace.pop(node)
+        return f"node {node} ({gone.host}) is at pace again ({ratio:.2f}× the others) at step {pace.step}"
 
     def stragglers(self) -> list[Straggler]:
         """The nodes named now, by node."""

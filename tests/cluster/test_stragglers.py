@@ -55,7 +55,7 @@ def test_status_names_the_node_whose_steps_are_slowed(tmp_path: Path, slurm_clus
     assert straggler["node"] == SLOW_NODE and straggler["host"] == record["hosts"][SLOW_NODE], straggler
     assert straggler["ratio"] >= 1.2 and straggler["since_step"] >= SLOW_FROM, straggler  # never before the plugin
     assert straggler["step"] < 120 and "exclude" not in straggler  # before the end; straggler_action=report
-    assert [s["node"] for s in record["stragglers"]] == [SLOW_NODE]  # still named when training ended
+    assert [s["node"] for s in record.get("stragglers", [])] == [SLOW_NODE]  # still named when training ended
     text = swiftslurm("status", str(run_dir), "--no-slurm", cwd=run_dir.parent).stdout
     print(text)
     assert f"straggler: node {SLOW_NODE} ({straggler['host']})" in text
