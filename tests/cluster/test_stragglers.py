@@ -21,10 +21,13 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 PLUGINS = f"swift.external_plugins=[{HERE / 'step_floor_plugin.py'},{HERE / 'slow_node_plugin.py'}]"
 SLOW_NODE, SLOW_FROM = 1, 10
-# 120 steps of at least 0.25 s (step_floor_plugin.STEP_FLOOR_S): 30 s of training or more. Naming takes 20 steps
+# 160 steps of at least 0.25 s (step_floor_plugin.STEP_FLOOR_S): 40 s of training or more. Naming takes 20 steps
 # before the first pace (rundir/pace.py: WARMUP_STEPS, then a full window of RECENT_STEPS), a pace written and
-# read every 5 s (PUBLISH_S), and resilience.straggler_s=5: about 15 s after step 20.
-RUN = ("swift.max_steps=120", "swift.save_steps=60", "resilience.straggler_s=5")
+# read every 5 s (PUBLISH_S), and resilience.straggler_s=15: about 20 s after step 20. 15 s, not less: on the
+# 2 shared cores, under a whole test run beside it, node 0 alone was once 1.2 times node 1 or more for 10 s
+# (bench/stragglers_soak.py); the forced 1.5 times lasts.
+RUN = ("swift.max_steps=160", "swift.save_steps=80", "resilience.straggler_s=15")
+LAST_STEP = 160
 
 
 def status_json(run_dir: Path) -> dict[str, Any]:
@@ -54,7 +57,7 @@ def test_status_names_the_node_whose_steps_are_slowed(tmp_path: Path, slurm_clus
     (straggler,) = named  # node 0 is never named
     assert straggler["node"] == SLOW_NODE and straggler["host"] == record["hosts"][SLOW_NODE], straggler
     assert straggler["ratio"] >= 1.2 and straggler["since_step"] >= SLOW_FROM, straggler  # never before the plugin
-    assert straggler["step"] < 120 and "exclude" not in straggler  # before the end; straggler_action=report
+    assert straggler["step"] < LAST_STEP and "exclude" not in straggler  # before the end; straggler_action=report
     assert [s["node"] for s in record.get("stragglers", [])] == [SLOW_NODE]  # still named when training ended
     text = swiftslurm("status", str(run_dir), "--no-slurm", cwd=run_dir.parent).stdout
     print(text)
