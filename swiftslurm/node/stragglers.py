@@ -71,7 +71,7 @@ class StragglerWatch:
     limits: StragglerLimits
     hosts: Sequence[str]  # by node
     judged_step: dict[int, int] = field(default_factory=dict)  # node -> the newest step of it judged
-    slow: dict[int, Straggler] = field(default_factory=dict)  # node -> since when it is slow (named or not yet)
+    slow: dict[int, Straggler] = field(default_factory=dict)  # node not named yet -> since when it is slow
     named: dict[int, Straggler] = field(default_factory=dict)  # node -> its report, while it stands
     at_pace: dict[int, float] = field(default_factory=dict)  # named node -> since when it is read at pace
 
@@ -99,9 +99,8 @@ class StragglerWatch:
         self.slow[node] = Straggler(node, host, ratio, since, since_step, pace.step)
         if now - since < self.limits.sustain_s:
             return None
-        newly = node not in self.named
-        self.named[node] = self.slow[node]
-        return self.named[node].line() if newly else None
+        self.named[node] = self.slow.pop(node)
+        return self.named[node].line()
 
     def at_pace_reading(self, node: int, pace: Pace, ratio: float, now: float) -> str | None:
         """A reading below the ratio: the window to name the node starts over; a named node stays named until it
