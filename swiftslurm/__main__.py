@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from swiftslurm.cli.mistakes import to_config
+from swiftslurm.engines.forward_clock import planned_coverage
 from swiftslurm.errors import SwiftSlurmError, report
 from swiftslurm.launch import (
     already_submitted,
@@ -59,7 +60,9 @@ def run(cfg: DictConfig) -> int:
     for note in [*plan_warnings(config, plan), *filter(None, [checked.note(run_dir)])]:
         print(f"swiftslurm: {note}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan), resume_line)
+        strategy = config.strategy
+        coverage = planned_coverage(strategy.engine, strategy.deepspeed, strategy.fsdp)
+        notes = (memory_plan.memory_line(config), memory_plan.shrink_line(config, plan), coverage, resume_line)
         print(dry_run_text(plan, run_dir, skip, tuple(n for n in notes if n)))  # shrink: only a run that may
         return 0
     if skip is not None:

@@ -94,6 +94,12 @@ class SlurmSpec:
     extra: tuple[tuple[str, str], ...] = ()
 
 
+# resilience.straggler_action: "report" names a straggler (status, node 0's log); "exclude" also leaves its host
+# out of the next requeue, as a failed host's (node/stragglers.py, node/decide.py exclusions).
+STRAGGLER_REPORT, STRAGGLER_EXCLUDE = "report", "exclude"
+STRAGGLER_ACTIONS = (STRAGGLER_REPORT, STRAGGLER_EXCLUDE)
+
+
 @dataclass(frozen=True)
 class Resilience:
     """Budgets and watchdog limits the node side applies after each attempt (see ResilienceConfig)."""
@@ -118,6 +124,9 @@ class Resilience:
     min_nodes: int | None = None
     # Nodes allocated beyond the training nodes, standing by for a lost one (resilience.spare_nodes).
     spare_nodes: int = 0
+    straggler_ratio: float = 1.2  # slow: this many times the other nodes' median forward time (node/stragglers.py)
+    straggler_s: float = 300.0  # named once slow this long
+    straggler_action: str = "report"  # or "exclude": its host is left out of the next requeue
 
 
 @dataclass(frozen=True)

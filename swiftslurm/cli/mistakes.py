@@ -231,6 +231,10 @@ def _missing_config(err: Any, overrides: Sequence[str]) -> str:
     return f"{group}={name} is not known.{did_you_mean(name, options)} {one_of(options)}"
 
 
+# Lists whose items have a form of their own, and how the refusal of a bare value shows it.
+FORMED_ITEMS = {"container.mounts": "SRC:DST or SRC:DST:ro, e.g. container.mounts=['/tmp:/tmp']"}
+
+
 def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
     key = str(err.full_key or "")
     given = _override_for(key, overrides)
@@ -244,6 +248,8 @@ def _validation(err: ValidationError, overrides: Sequence[str]) -> str:
         items = [os.path.abspath(v) if v.startswith(("./", "../")) else v for v in value.split(",")]
         if key == "container.env" and not all(ENV_NAME.match(item) for item in items):  # in brackets still refused
             return f"{given} is not a list of variable names. HINT: e.g. container.env=[WANDB_API_KEY]."
+        if key in FORMED_ITEMS:  # brackets alone may not make its items right: the form is part of the hint
+            return f"{given} is not a list. HINT: write it in brackets, each item {FORMED_ITEMS[key]}."
         return f"{given} is not a list. HINT: write it in brackets: {key}=[{','.join(items)}]."
     if value.strip().lower() in ("null", "none", "~"):  # an unset: the configured value is the likely wish
         return f"{given}: {key} cannot be null. HINT: leave {key} out to keep its configured value, or give it {kind}."

@@ -3,10 +3,11 @@
 It registers two Trainer callbacks (hooks.py does the work). `swiftslurm_stop` saves the current step and
 stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at
 the same step. `swiftslurm_commit` commits each checkpoint once every rank has written it, and writes global
-rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py). Retention
-(`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing it registers the rank's
-stack dump (hooks.py) and blocks the stop signals in every process the rank starts (signals.py: only the ranks
-see them).
+rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py); every rank times
+its training forwards, and each node's local rank 0 publishes the node's pace (engines/forward_clock.py,
+rundir/pace.py). Retention (`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing
+it registers the rank's stack dump (hooks.py) and blocks the stop signals in every process the rank starts
+(signals.py: only the ranks see them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
+from swiftslurm.engines.forward_clock import NodePace
 from swiftslurm.engines.hooks import Committer, StopRequest, pauses, register_stack_dump
 from swiftslurm.rundir.beat import EVAL
 from swiftslurm.signals import children_never_see_stop_signals
@@ -69,9 +71,11 @@ class CommitCallback(TrainerCallback):
     def __init__(self, args: Any, trainer: Any) -> None:
         super().__init__(args, trainer)
         self._committer = Committer(engine="swift")
+        self._pace: NodePace | None = None  # this rank's training forwards' pace (rundir/pace.py)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._committer.train_begun(state.global_step)  # after the resume checkpoint was loaded
+        self._pace = NodePace.attach(kwargs.get("model"), args)  # the unwrapped model: inside DDP's wrapper
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -79,6 +83,8 @@ class CommitCallback(TrainerCallback):
         # swiftslurm_stop is named before this one; after a stop signal the watchdog is off anyway).
         follows = pauses(control.should_evaluate, control.should_save)
         self._committer.step_ended(state.global_step, state.max_steps, follows)
+        if self._pace is not None:
+            self._pace.step_ended(state.global_step)
         return control
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,8 @@ def conclude(
         kept = f"{committed.name} is kept" if committed else "no committed checkpoint to keep"
         moved = ", ".join(f"{QUARANTINE}/{path.name}" for path in set_aside)
         explanation = f"{explanation}; set aside as {moved}, {kept}"
-    history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed)
+    slow = [s["host"] for s in observed.stragglers if s.get("exclude")]  # resilience.straggler_action=exclude
+    history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed, slow)
     # Never restarted in place after an outage of the store: a requeue's back-off gives it time to come back.
     here = attempt_dir(run_dir, attempt)
     allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts, spares)
@@ -111,6 +112,7 @@ def conclude(
         leftovers=_leftovers(here, hosts, observed),
         spares=spares,
         swaps=_swaps(hosts, decision.roster),
+        stragglers=observed.stragglers,
     )
     if shape.may_shrink:  # the node count of this attempt, and the one the next asks for
         record = replace(record, nodes=shape.nodes, next_nodes=decision.nodes)
@@ -494,9 +496,11 @@ def _budget(plan: JobPlan) -> decide.Budget:
     return decide.Budget(**{f.name: getattr(plan.resilience, f.name) for f in fields(decide.Budget)})
 
 
-def _history(run_dir: Path, reason: decide.Reason, progressed: bool, failed: str | None) -> decide.History:
+def _history(
+    run_dir: Path, reason: decide.Reason, progressed: bool, failed: str | None, slow: Iterable[str] = ()
+) -> decide.History:
     past = decide.history_of(records.read_attempts(run_dir))
-    return decide.history_after(past, reason, progressed, failed, time.time())
+    return decide.history_after(past, reason, progressed, failed, time.time(), slow)
 
 
 def _state(decision: decide.Decision, cancelled: bool) -> str:

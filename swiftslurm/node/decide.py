@@ -364,13 +364,16 @@ def history_after(
     committed_new_checkpoint: bool,
     failed_host: str | None,
     at: float = 0.0,
+    slow_hosts: Iterable[str] = (),
 ) -> History:
     """`previous` with the attempt that just ended (at `at`, seconds since the epoch) added (None before the
-    first attempt)."""
+    first attempt). `slow_hosts`: stragglers the run excludes (resilience.straggler_action=exclude), avoided
+    as failed hosts are."""
     before = previous or History(attempts=0, timeouts=0, consecutive_failures=0)
     hosts = before.failed_hosts
-    if failed_host:  # a host that fails again moves to the end with its new time
-        hosts = (*((h, t) for h, t in hosts if h != failed_host), (failed_host, at))
+    for host in (*slow_hosts, *([failed_host] if failed_host else [])):
+        # a host that fails again moves to the end with its new time
+        hosts = (*((h, t) for h, t in hosts if h != host), (host, at))
     return History(
         attempts=before.attempts + 1,
         timeouts=before.timeouts + (reason is Reason.TIMED_OUT),
@@ -389,7 +392,8 @@ def history_of(attempts: Iterable[AttemptRecord]) -> History | None:
     history: History | None = None
     for record in attempts:
         at = record.end or record.start or 0.0
-        history = history_after(history, Reason(record.reason), bool(record.progressed), record.failed_host, at)
+        slow = [str(s["host"]) for s in record.stragglers if s.get("exclude") and s.get("host")]
+        history = history_after(history, Reason(record.reason), bool(record.progressed), record.failed_host, at, slow)
         if record.decision == Action.STOP.value:
             history = History(attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=history.failed_hosts)
     return history

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,21 +22,26 @@ from swiftslurm.node import stacks
 from swiftslurm.node.deadline import KILL_MARGIN_S, EndTimes, SaveDeadline, earliest, save_deadline
 from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
-from swiftslurm.plan import JobPlan, Resilience
+from swiftslurm.node.stragglers import StragglerLimits, StragglerWatch
+from swiftslurm.plan import STRAGGLER_EXCLUDE, JobPlan, Resilience
 from swiftslurm.render import swift_command
-from swiftslurm.rundir import reserve
+from swiftslurm.rundir import records, reserve
 from swiftslurm.rundir.beat import PROGRESS_ENV, STEP, ProgressWatch
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
 from swiftslurm.rundir.layout import (
     attempt_dir,
     node_log,
+    pace_dir,
+    pace_file,
     progress_file,
     save_deadline_file,
     stacks_dir,
     stop_step_file,
+    stragglers_file,
     trainer_timeline,
 )
 from swiftslurm.rundir.lease import TOKEN_ENV
+from swiftslurm.rundir.pace import LOCAL_PACE_ENV, PACE_ENV, PUBLISH_S, local_pace_dir, read_paces
 from swiftslurm.rundir.timeline import TIMELINE_ENV
 from swiftslurm.signals import SAVE_SIGNAL, SignalLog
 from swiftslurm.slurm import JobTimes
@@ -54,6 +60,9 @@ def wait_pause(waited_s: float) -> float:
     return FAST_POLL_S if waited_s < FAST_POLL_FOR_S else POLL_S
 
 
+# Node 0 reads the nodes' paces as often as each node writes its own (at most every PUBLISH_S): one listing and
+# one small read per node of the run dir, which a 128-node run shares (128 reads in 5 s).
+STRAGGLER_READ_S = PUBLISH_S
 REFORWARD_S = 5.0  # a worker that had not installed its handler yet gets the signal again
 # How long a KILLed trainer's processes may take to be gone once a stop signal came (launch.TREE_EXIT_S otherwise):
 # node 0 must still conclude and requeue within KILL_MARGIN_S, and SLURM ends what is left with the job.
@@ -87,6 +96,7 @@ class Observed:
     stop: dict[str, Any] | None = None  # after a stop signal: the agreed step and the save deadline (_Watcher)
     disk_free: int | None = None  # bytes free beside the checkpoints as the trainer left them (reserve held)
     leftovers: tuple[str, ...] = ()  # the trainer's processes still there when the wrapper stopped waiting for them
+    stragglers: tuple[dict[str, Any], ...] = ()  # node 0: the nodes named slow when the trainer ended (stragglers.py)
 
     @property
     def peer_failed(self) -> bool:
@@ -98,6 +108,10 @@ def hang_limits(res: Resilience) -> HangLimits:
     return HangLimits(
         res.startup_timeout_s, res.hang_window_factor, res.hang_window_floor_s, res.hang_timeout_s, res.pause_timeout_s
     )
+
+
+def straggler_limits(res: Resilience) -> StragglerLimits:
+    return StragglerLimits(res.straggler_ratio, res.straggler_s)
 
 
 def node_log_path(run_dir: Path, attempt: str, where: SlurmEnv) -> Path:
@@ -117,6 +131,8 @@ def trainer_env(
         **({TOKEN_ENV: str(lease_token)} if lease_token is not None else {}),
         **({STACKS_ENV: str(stacks_dir(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
         **({PROGRESS_ENV: str(progress_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
+        **({PACE_ENV: str(pace_file(attempt_dir(run_dir, attempt), where.node_id))} if attempt is not None else {}),
+        **({LOCAL_PACE_ENV: str(local_pace_dir(attempt, where.node_id))} if attempt is not None else {}),
         **({STOP_FILE_ENV: str(stop_step_file(attempt_dir(run_dir, attempt)))} if attempt is not None else {}),
     }
 
@@ -169,10 +185,12 @@ def train(
     disk_free = reserve.free_bytes(plan.output_dir if plan.output_dir.is_dir() else run_dir)
     reserve.release(run_dir, where.node_id)  # before anything is written: a save may have filled the disk
     stacks.tidy(log_path.parent, node_ranks(plan, where))
+    shutil.rmtree(local_pace_dir(attempt, where.node_id), ignore_errors=True)
     # What watching costs: the trainer's cores are not this process's, but say it (bench/gpu_overhead.py).
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
     observed = Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by)
     observed = replace(observed, hang=watcher.hang, stop=watcher.stop_record(), disk_free=disk_free)
+    observed = replace(observed, stragglers=watcher.straggler_record())
     return replace(observed, leftovers=trainer.leftovers)
 
 
@@ -217,6 +235,8 @@ class _Watcher:
     stop_step: int | None = None  # the step every rank agreed to save and stop at (global rank 0's stop.json)
     deadline: SaveDeadline | None = None  # when a trainer still running after the stop signals is killed
     deadline_signals: int = 0  # how many of the signals the deadline has taken into account
+    stragglers: StragglerWatch | None = None  # node 0: which nodes are slower than the others
+    paces_read_at: float = float("-inf")
 
     def until_exit(self) -> int:
         while (code := self.trainer.poll()) is None:
@@ -231,6 +251,7 @@ class _Watcher:
             self.trainer.tree_exit_s = min(self.trainer.tree_exit_s, TREE_EXIT_AFTER_STOP_S)
         self.forward_stop(now)
         self.follow_progress(now)
+        self.follow_stragglers(now)
         if self.sync is not None:
             self.sync.poll(now)
         self.dump_if_asked()
@@ -253,6 +274,37 @@ class _Watcher:
         # Node 0's: its watchdog alone judges the run (global rank 0, which beats, runs on node 0).
         if self.where.node_id == 0 and (beat := self.watch.poll()) is not None:
             self.gaps.observe(beat)
+
+    def follow_stragglers(self, now: float) -> None:
+        """Node 0: judge the nodes' paces (node/stragglers.py) every STRAGGLER_READ_S; say who is named a
+        straggler, or at pace again, in the wrapper's output, node 0's log and stragglers.json (what `status`
+        shows)."""
+        if self.where.node_id != 0 or now - self.paces_read_at < STRAGGLER_READ_S:
+            return
+        self.paces_read_at = now
+        if self.stragglers is None:
+            self.stragglers = StragglerWatch(straggler_limits(self.plan.resilience), self.where.hosts)
+        lines = self.stragglers.observe(read_paces(pace_dir(self.attempt_dir)), now)
+        for line in lines:
+            print(f"[swiftslurm] {line}", flush=True)
+            records.note_in_log(node_log(self.attempt_dir, 0), line)
+        if lines or self.stragglers.named:  # while one is named, its ratio and step stay current for `status`
+            self.publish_stragglers(now)
+
+    def publish_stragglers(self, now: float) -> None:
+        res = self.plan.resilience
+        report: dict[str, Any] = {"updated": round(now, 3), "ratio": res.straggler_ratio, "window_s": res.straggler_s}
+        report |= {"action": res.straggler_action, "stragglers": list(self.straggler_record())}
+        try:
+            write_json_atomic(stragglers_file(self.attempt_dir), report, durable=False)
+        except OSError as err:
+            print(f"[swiftslurm] the stragglers cannot be published ({err}); tried at the next change", flush=True)
+
+    def straggler_record(self) -> tuple[dict[str, Any], ...]:
+        """The nodes named now; with resilience.straggler_action=exclude each marked for the next requeue to
+        avoid (decide.exclusions, as failed hosts)."""
+        mark = {"exclude": True} if self.plan.resilience.straggler_action == STRAGGLER_EXCLUDE else {}
+        return tuple(s.as_dict() | mark for s in self.stragglers.stragglers()) if self.stragglers else ()
 
     def dump_if_asked(self) -> None:
         """Not node 0: once node 0 found the run hung (hang.json), have this node's ranks dump their stacks,

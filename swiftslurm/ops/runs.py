@@ -23,9 +23,11 @@ from swiftslurm.plan import PlanGlance
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
     SYNC_STATE,
+    attempt_dir,
     logs_dir,
     output_dir,
     slurm_log,
+    stragglers_file,
 )
 from swiftslurm.rundir.metrics import read_latest
 from swiftslurm.rundir.records import (
@@ -33,6 +35,7 @@ from swiftslurm.rundir.records import (
     is_cancelled,
     newest_wrapper_failure,
     read_attempts,
+    read_open_attempt,
     read_refused_submission,
     read_status,
 )
@@ -97,6 +100,8 @@ class RunFacts:
     ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ops/ledger.py)
     spares_left: int | None = None  # hosts still standing by (resilience.spare_nodes); None: the run has none
     swaps: tuple[tuple[str, str], ...] = ()  # (lost host, the spare that took its place), oldest first
+    # The nodes named slow in the newest attempt (node/stragglers.py): node, host, ratio, since, since_step, step
+    stragglers: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         facts = asdict(self)
@@ -171,6 +176,7 @@ def gather(
         ledger=spent if spent.allocated_s > 0 else None,
         spares_left=spares_left(attempts),
         swaps=tuple(swap for record in attempts for swap in record.swaps),
+        stragglers=newest_stragglers(run_dir, attempts),
     )
 
 
@@ -181,6 +187,15 @@ def spares_left(attempts: list[AttemptRecord]) -> int | None:
     if newest is None:
         return 0 if any(record.swaps for record in attempts) else None
     return len(newest.spares) - len(newest.swaps)
+
+
+def newest_stragglers(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:
+    """The nodes named slow in the run's newest attempt (node 0's stragglers.json), while it runs and after."""
+    running = read_open_attempt(run_dir)
+    newest = running.attempt if running else attempts[-1].attempt if attempts else None
+    report = read_json(stragglers_file(attempt_dir(run_dir, newest))) if newest else None
+    named = (report or {}).get("stragglers")
+    return tuple(s for s in named if isinstance(s, dict)) if isinstance(named, list) else ()
 
 
 def _local_job_state(pid: str) -> str:

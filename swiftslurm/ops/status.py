@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,18 @@ def _storage(facts: RunFacts) -> str:
     text = f"{len(sync.get('remote', []))} up, {len(sync.get('pending', []))} pending"
     text += f", {len(refused)} refused" if (refused := sync.get("refused")) else ""
     return text + (f", {sync['failures']} failed tries" if sync.get("failures") else "")
+
+
+def straggler_line(straggler: dict[str, Any]) -> str:
+    """'straggler: node 1 (gpu-017), its training forwards 1.50× the other nodes' median since step 12 (14:02:11
+    UTC); excluded from the next requeue'."""
+    since = time.strftime("%H:%M:%S UTC", time.gmtime(float(straggler.get("since", 0))))
+    text = (
+        f"straggler: node {straggler.get('node')} ({straggler.get('host')}), its training forwards "
+        f"{float(straggler.get('ratio', 0)):.2f}× the other nodes' median since step {straggler.get('since_step')} "
+        f"({since})"
+    )
+    return text + ("; excluded from the next requeue" if straggler.get("exclude") else "")
 
 
 def last_not_uploaded(facts: RunFacts) -> bool:
@@ -125,6 +138,7 @@ def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = N
             lines.append(f"  {name}: {f.why}")
         if (spares := spares_line(f)) is not None:
             lines.append(f"  {name}: {spares}")
+        lines += [f"  {name}: {straggler_line(s)}" for s in f.stragglers]
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
     if slurm is not None and slurm.accounting_error:

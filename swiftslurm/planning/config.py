@@ -275,6 +275,21 @@ class ResilienceConfig:
         "survivors plus a spare, from the newest commit, at the same world size (no requeue). Allocated while "
         "idle: the plan shows their cost. See docs/resilience.md, 'Hot spares'.",
     )
+    straggler_ratio: float = doc(
+        1.2,
+        "A node whose training forwards take at least this many times the other nodes' median (each node timed on "
+        "its own clock) is slow; see docs/resilience.md, 'Stragglers'.",
+    )
+    straggler_s: float = doc(
+        300.0,
+        "A node slow for this many seconds (saves and evaluations do not count) is named a straggler: in "
+        "`status` and node 0's log.",
+    )
+    straggler_action: str = doc(
+        "report",
+        "`report`: name the straggler, nothing more. `exclude`: also leave its host out of the next requeue, as a "
+        "failed host (`exclude_host_s`; never more hosts than the partition spares).",
+    )
 
 
 @dataclass

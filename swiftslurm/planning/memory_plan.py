@@ -157,6 +157,14 @@ def plan_estimate(cfg: Config, shape: ModelShape, nodes: int | None = None) -> E
     return replace(est, overhead=est.overhead + share * (cfg.cluster.gpu_memory_gib or 0) * GIB)
 
 
+def _vllm_share(cfg: Config) -> str:
+    """vLLM colocated with no share set takes ms-swift's default of each GPU (in the overhead): say so, since
+    no setting the user sees holds it."""
+    if cfg.task.vllm_mode != "colocate" or swift_value(cfg, "vllm_gpu_memory_utilization") is not None:
+        return ""
+    return " (the overhead holds vLLM's share: swift.vllm_gpu_memory_utilization is unset, ms-swift's default 0.9)"
+
+
 def check_fits(cfg: Config) -> None:
     """Refuse (ConfigError) a plan whose estimate exceeds the GPU's memory, naming the strategies that fit.
     Nothing is refused when the GPU's memory or the model's shape is unknown."""
@@ -169,7 +177,7 @@ def check_fits(cfg: Config) -> None:
     hint = "use " + ", or ".join(fixes) if fixes else "use more GPUs, or a smaller micro_batch_size or max_length"
     raise ConfigError(
         f"{cfg.model.name} with strategy={cfg.strategy.name} ({cfg.strategy.tuner_type}) needs "
-        f"{_describe(est, gpu_gib)}: it cannot fit cluster={cfg.cluster.name}. HINT: {hint} "
+        f"{_describe(est, gpu_gib)}{_vllm_share(cfg)}: it cannot fit cluster={cfg.cluster.name}. HINT: {hint} "
         "(`python -m swiftslurm advise ...` lists every strategy's estimate)."
     )
 

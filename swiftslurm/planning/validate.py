@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from swiftslurm import secrets
 from swiftslurm.engines.registry import STRATEGY_ENGINES, engine_for_strategy
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
-from swiftslurm.plan import BACKGROUND_PRIORITIES
+from swiftslurm.plan import BACKGROUND_PRIORITIES, STRAGGLER_ACTIONS
 from swiftslurm.planning import hardware, memory_plan, swift_rules
 from swiftslurm.slurm import parse_time
 from swiftslurm.slurm_env import HOSTLIST_FORM, hostlist_problem, repaired_hostlist
@@ -99,7 +99,25 @@ def check_counts(cfg: Config) -> None:
             f"resilience.hang_window_floor_s={res.hang_window_floor_s} is above resilience.hang_timeout_s="
             f"{res.hang_timeout_s}, the window's ceiling. HINT: lower the floor or raise hang_timeout_s."
         )
+    check_stragglers(cfg)
     check_port("task.vllm_server_port", cfg.task.vllm_server_port)
+
+
+def check_stragglers(cfg: Config) -> None:
+    """`resilience.straggler_*`: a ratio above 1 (a node as fast as the others is no straggler), a window, and one
+    of the actions node/stragglers.py knows."""
+    res = cfg.resilience
+    if not 1 < res.straggler_ratio < math.inf:
+        raise ConfigError(
+            f"resilience.straggler_ratio={res.straggler_ratio} must be above 1 (1.2: 20 % slower than the other "
+            "nodes). HINT: keep the default, 1.2."
+        )
+    check_not_negative("resilience.straggler_s", res.straggler_s)
+    if res.straggler_action not in STRAGGLER_ACTIONS:
+        raise ConfigError(
+            f"resilience.straggler_action={res.straggler_action!r} is not one of {', '.join(STRAGGLER_ACTIONS)}. HINT: "
+            "`report` names the slow node; `exclude` also leaves its host out of the next requeue."
+        )
 
 
 def check_port(field: str, port: int) -> None:

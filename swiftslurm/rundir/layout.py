@@ -28,7 +28,10 @@
                          whether it trains, saves or evaluates; rundir/beat.py), outcome.json (node 0's
                          word: restart in place, or end), stop.json (global rank 0: the step every rank
                          agreed to save and stop at), save_deadline.json (node 0: when a trainer still
-                         running after a stop signal is killed, and from what: node/deadline.py)
+                         running after a stop signal is killed, and from what: node/deadline.py),
+                         pace/node<N>.json (node N's local rank 0: the median forward time of its slowest rank's recent
+                         training steps; rundir/pace.py), stragglers.json (node 0: the nodes named slower than
+                         the others, by how much, since when; node/stragglers.py)
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
@@ -86,6 +89,9 @@ LEASE = "lease.json"  # an older swiftslurm's lease (one file, replaced under a 
 HANG = "hang.json"  # in logs/<attempt>/: node 0 found the run hung; every node dumps its ranks' stacks
 STOP_STEP = "stop.json"  # in logs/<attempt>/: global rank 0's agreed stop step; every node waits for its commit
 SAVE_DEADLINE = "save_deadline.json"  # in logs/<attempt>/: node 0's kill time for a trainer after a stop signal
+PACE = "pace"  # in logs/<attempt>/: each node's pace, written by its local rank 0 (rundir/pace.py)
+PACE_FILE = "node{node}.json"  # in logs/<attempt>/pace/
+STRAGGLERS = "stragglers.json"  # in logs/<attempt>/: node 0's named stragglers (node/stragglers.py)
 STACKS = "stacks"  # in logs/<attempt>/: one file per rank, written by the rank itself (faulthandler)
 STACK_FILE = "rank{rank}.txt"  # in logs/<attempt>/stacks/
 PREFLIGHT = "preflight"
@@ -187,6 +193,18 @@ def stop_step_file(attempt_dir: Path) -> Path:
 
 def save_deadline_file(attempt_dir: Path) -> Path:
     return attempt_dir / SAVE_DEADLINE
+
+
+def pace_dir(attempt_dir: Path) -> Path:
+    return attempt_dir / PACE
+
+
+def pace_file(attempt_dir: Path, node: int) -> Path:
+    return pace_dir(attempt_dir) / PACE_FILE.format(node=node)
+
+
+def stragglers_file(attempt_dir: Path) -> Path:
+    return attempt_dir / STRAGGLERS
 
 
 def stacks_dir(attempt_dir: Path) -> Path:

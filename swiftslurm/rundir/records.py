@@ -84,6 +84,9 @@ class AttemptRecord:
     restored_from: str | None = None  # resumed_from was downloaded from this object (s3://bucket/prefix/checkpoint-N)
     requeue_error: str | None = None  # `scontrol requeue` failed after the row said requeue (amend_attempt)
     leftovers: tuple[str, ...] = ()  # "nodeN: PID NAME (state...)": trainer processes that outlived their KILL
+    # The nodes named slow when the trainer ended (node/stragglers.py); "exclude": true where the run excludes
+    # their host from the next requeue (resilience.straggler_action=exclude), as a failed host's
+    stragglers: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     keep_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -125,6 +128,7 @@ _WHEN_SET = (
     "restored_from",
     "requeue_error",
     "leftovers",
+    "stragglers",
 )
 CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in _WHEN_SET)
 # The key of a line that corrects the attempt recorded before it with the same id (amend_attempt).

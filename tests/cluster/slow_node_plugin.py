@@ -1,0 +1,50 @@
+"""ms-swift plugin for tests: `slow_node` makes one node's training forwards SLOW_FACTOR slower from a given step,
+as a slow GPU would: a forward hook on that node's ranks sleeps SLOW_FACTOR times the forward's own duration.
+
+Configured by the environment (the wrapper passes the job's environment to every rank):
+    SWIFTSLURM_TEST_SLOW_NODE   the node (NODE_RANK) whose ranks slow down
+    SWIFTSLURM_TEST_SLOW_FROM   the first step they are slow in
+    SWIFTSLURM_TEST_SLOW_FACTOR how much slower (0.5: each forward takes 1.5 times as long); default 0.5
+The hook is registered first in line (``prepend``), so its sleep is inside swiftslurm's own timing of the forward.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from swift.callbacks import TrainerCallback, callbacks_map
+
+NODE_ENV, FROM_ENV, FACTOR_ENV = "SWIFTSLURM_TEST_SLOW_NODE", "SWIFTSLURM_TEST_SLOW_FROM", "SWIFTSLURM_TEST_SLOW_FACTOR"
+
+
+class SlowNodeCallback(TrainerCallback):
+    def __init__(self, args: Any, trainer: Any) -> None:
+        super().__init__(args, trainer)
+        self.step = 0
+        self.started = 0.0
+        self.factor = float(os.environ.get(FACTOR_ENV, "0.5"))
+        self.from_step = int(os.environ.get(FROM_ENV, "0"))
+        self.here = os.environ.get(NODE_ENV) == os.environ.get("NODE_RANK", "0")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.here:
+            model = kwargs["model"]
+            model.register_forward_pre_hook(self.begin)
+            model.register_forward_hook(self.slow_down, prepend=True)
+        return control
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.step = state.global_step + 1  # the step now beginning
+        return control
+
+    def begin(self, module: Any, args: Any) -> None:
+        self.started = time.perf_counter()
+
+    def slow_down(self, module: Any, args: Any, output: Any) -> None:
+        if module.training and self.step >= self.from_step:
+            time.sleep(self.factor * (time.perf_counter() - self.started))
+
+
+callbacks_map["slow_node"] = SlowNodeCallback
