@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 PLUGINS = f"swift.external_plugins=[{HERE / 'step_floor_plugin.py'},{HERE / 'slow_node_plugin.py'}]"
 SLOW_NODE, SLOW_FROM = 1, 10
+# Every node's training forwards last at least this long (slow_node_plugin.py), as a GPU's would: the tiny model's
+# own ~10 ms forward is doubled by one time slice lost to the other test process on the 2 cores.
+FORWARD_S = 0.05
 # Naming takes 20 steps before the first pace (rundir/pace.py: WARMUP_STEPS, then a full window of RECENT_STEPS),
 # a pace written and read every 5 s (PUBLISH_S), and resilience.straggler_s=15. 15 s, not less: on the 2 shared
 # cores, under a whole test run beside it, node 0 alone was once 1.2 times node 1 or more for 10 s
@@ -55,6 +58,7 @@ def test_status_names_the_node_whose_steps_are_slowed(tmp_path: Path, slurm_clus
         "swift.callbacks=[step_floor,slow_node]",
         f"+cluster.env.SWIFTSLURM_TEST_SLOW_NODE='{SLOW_NODE}'",
         f"+cluster.env.SWIFTSLURM_TEST_SLOW_FROM='{SLOW_FROM}'",
+        f"+cluster.env.SWIFTSLURM_TEST_FORWARD_S='{FORWARD_S}'",
     )
     over = run_over(run_dir, job)
     try:
