@@ -52,6 +52,11 @@ class Engine:
     finished_rule: str = "a committed checkpoint of the planned last step (its manifest says so)"  # for people
 
     # -- plan side ----------------------------------------------------------------------------------
+    def straggler_gap(self, strategy_engine: str, deepspeed: str | None, fsdp: str | None) -> str | None:
+        """Why this engine's runs of the strategy cannot time a node's own pace (engines/forward_clock.py), for
+        the dry run; None: stragglers are detected."""
+        return None
+
     def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
         """Whether a single process must still be started by torchrun (for its rank variables)."""
         return self.torchrun_for_one_process

@@ -23,16 +23,11 @@ from swiftslurm.rundir.pace import PaceWriter
 
 
 def planned_coverage(engine: str, deepspeed: str | None, fsdp: str | None) -> str | None:
-    """The dry run's line when the plan's slow nodes go undetected (None: they are detected)."""
-    why = (
-        "ZeRO-3 gathers parameters inside the forward"
-        if (deepspeed or "").startswith("zero3")
-        else "FSDP gathers parameters inside the forward"
-        if fsdp or engine == "fsdp"
-        else "the Megatron plugin times no forward"
-        if engine == "megatron"
-        else None
-    )
+    """The dry run's line when the plan's slow nodes go undetected (None: they are detected); why is the
+    engine adapter's to say (Engine.straggler_gap)."""
+    from swiftslurm.engines.registry import engine_for_strategy  # login side only: the ranks never ask
+
+    why = engine_for_strategy(engine).straggler_gap(engine, deepspeed, fsdp)
     return f"stragglers  not detected: {why} (docs/resilience.md, 'Stragglers')" if why else None
 
 

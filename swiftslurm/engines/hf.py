@@ -71,6 +71,13 @@ class HfTrainerEngine(Engine):
             args["external_plugins"] = [str(DEEPSPEED_CPU_PATCH)]
         return args
 
+    def straggler_gap(self, strategy_engine: str, deepspeed: str | None, fsdp: str | None) -> str | None:
+        if (deepspeed or "").startswith("zero3"):
+            return "ZeRO-3 gathers parameters inside the forward"
+        if fsdp or strategy_engine == "fsdp":
+            return "FSDP gathers parameters inside the forward"
+        return None
+
     def needs_torchrun_for_one_process(self, swift_argv: tuple[str, ...]) -> bool:
         # Without torchrun's RANK/WORLD_SIZE/MASTER_ADDR, DeepSpeed's init_distributed looks for them through
         # MPI (mpi_discovery): on a SLURM node with mpi4py and an Open MPI built without PMI, MPI_Init aborts

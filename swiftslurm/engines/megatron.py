@@ -72,6 +72,9 @@ class MegatronEngine(Engine):
     # finetune: swiftslurm sets it for a resume (false: load iteration, optimizer and RNG from the checkpoint).
     managed_args = frozenset({"output_dir", "add_version", "finetune"})
 
+    def straggler_gap(self, strategy_engine: str, deepspeed: str | None, fsdp: str | None) -> str | None:
+        return "the Megatron plugin times no forward"
+
     def batch_args(self, batch: BatchPlan) -> dict[str, Any]:
         return {"micro_batch_size": batch.micro, "global_batch_size": batch.global_}
 
