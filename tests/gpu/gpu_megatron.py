@@ -4,7 +4,7 @@ the wrapper's cost: iterations/s under swiftslurm ÷ the same command run direct
 
     python -m tests.gpu.gpu_megatron --assets DIR --out OUT matrix [--cases full,lora,moe] [--gpus 1]
     python -m tests.gpu.gpu_megatron --assets DIR --out OUT overhead [--pairs 3] [--case full] [--warmup]
-        [--first-pair K] [--partial-arms plugin,callbacks]
+        [--first-pair K] [--partial-arms plugin,callbacks] [--concurrent]
 
 The assets are ../shared/gpu-megatron's random Qwen3 (make_assets.py: DIR/model, DIR/train.jsonl) and
 Qwen3-MoE (make_moe.py: DIR/moe). Jobs are emulated as in tests/gpu/gpu_matrix.py (gpu_common.FakeJob: srun's
@@ -376,7 +376,10 @@ def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Interleaved pairs (the order alternates, so drift on the shared host hits both arms alike), after a
     discarded warm-up run; with `--partial-arms`, one run of each partial arm after each pair. Every run is
     appended to OUT/megatron-overhead.jsonl as it ends, so a call cut short keeps what it measured, and
-    `--first-pair` continues the numbering in a later call on the same warm machine."""
+    `--first-pair` continues the numbering in a later call on the same warm machine. With `--concurrent`, a
+    pair's two arms train at the same time on the one GPU and are compared over the seconds both trained
+    (`side_by_side`): the machine's state between runs (one lent H100 ran either near 230 or near 390 ms an
+    iteration, switching mid-run) is then the same for both arms."""
     case, rows = CASES[args.case], list[dict[str, Any]]()
     args.override = [*args.override, f"swift.external_plugins=['{TIMER}']"]
     log = Path(args.out) / "megatron-overhead.jsonl"
@@ -384,43 +387,77 @@ def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
     for pair in range(args.first_pair, args.first_pair + args.pairs):
         plan += [(pair, arm) for arm in (("swiftslurm", "direct") if pair % 2 == 0 else ("direct", "swiftslurm"))]
         plan += [(pair, arm) for arm in args.partial_arms.split(",") if arm]
-    for pair, arm in plan:
-        root = Path(args.runs) / f"overhead-{pair}-{arm}"
-        job_id = 8200 + len(rows)
-        began = time.time()
-        if arm == "swiftslurm":
-            row = wrapped_run(args, case, root, job_id)
-        elif arm == "blocks":
-            planned, args.iters = args.iters, args.blocks_iters
-            try:
-                row = wrapped_run(args, case, root, job_id, toggle_block=args.toggle_block)
-            finally:
-                args.iters = planned
-        else:
-            row = unwrapped_run(args, case, root, job_id, "direct" if arm == "warmup" else arm)
-        times = root / "call-times.json"
-        row |= {"pair": pair, "arm": arm, "began": round(began, 1)}
-        row["call_times"] = json.loads(times.read_text()) if times.is_file() else None
-        if arm == "blocks" and row["call_times"]:
-            progress_rows = read_jsonl(root / "run" / "output" / "logging.jsonl")
-            phases = {int(k): v for k, v in row["call_times"].pop("phases", {}).items()}
-            row["phases"] = phase_paces(iteration_durations(progress_rows), phases)
-        rows.append(row)
-        with open(log, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        pace = f"{row.get('it_per_s')} it/s, steady {row.get('steady_it_per_s')}"
-        print(f"[overhead] pair {pair} {arm}: {pace}", flush=True)
-        if not args.keep_runs:
-            shutil.rmtree(root / "run" / "output", ignore_errors=True)
+    if args.concurrent:
+        plan = [item for item in plan if item[1] in ("warmup", "swiftslurm", "direct")]
+    steps = [[item] for item in plan if item[1] == "warmup"]
+    for pair in sorted({p for p, _ in plan if p >= 0}):
+        arms = [item for item in plan if item[0] == pair]
+        steps += [arms[:2], *[[item] for item in arms[2:]]] if args.concurrent else [[item] for item in arms]
+    for step in steps:
+        # Distinct job ids: the master port is derived from it, and side-by-side arms share the host.
+        ids = [8200 + len(rows) + k for k in range(len(step))]
+        with ThreadPoolExecutor(max_workers=len(step)) as pool:
+            done = list(pool.map(lambda item, job: overhead_run(args, case, item[0], item[1], job), step, ids))
+        if len(done) == 2:
+            side_by_side(done)
+        for row in done:
+            rows.append(row)
+            with open(log, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            pace = f"{row.get('it_per_s')} it/s, steady {row.get('steady_it_per_s')}"
+            pace += f", side by side {row.get('overlap_it_per_s')}"
+            print(f"[overhead] pair {row['pair']} {row['arm']}: {pace}", flush=True)
     summary = pair_ratios(rows)
     print(f"[overhead] swiftslurm / direct: {json.dumps(summary)}", flush=True)
     return [*rows, summary]
 
 
+def overhead_run(args: argparse.Namespace, case: Case, pair: int, arm: str, job_id: int) -> dict[str, Any]:
+    """One run of one arm: its speed, and its per-callback times and iteration ends (megatron_call_timer)."""
+    root = Path(args.runs) / f"overhead-{pair}-{arm}"
+    began = time.time()
+    if arm == "swiftslurm":
+        row = wrapped_run(args, case, root, job_id)
+    elif arm == "blocks":
+        planned, args.iters = args.iters, args.blocks_iters
+        try:
+            row = wrapped_run(args, case, root, job_id, toggle_block=args.toggle_block)
+        finally:
+            args.iters = planned
+    else:
+        row = unwrapped_run(args, case, root, job_id, "direct" if arm == "warmup" else arm)
+    times = root / "call-times.json"
+    row |= {"pair": pair, "arm": arm, "began": round(began, 1)}
+    row["call_times"] = json.loads(times.read_text()) if times.is_file() else None
+    if arm == "blocks" and row["call_times"]:
+        progress_rows = read_jsonl(root / "run" / "output" / "logging.jsonl")
+        phases = {int(k): v for k, v in row["call_times"].pop("phases", {}).items()}
+        row["phases"] = phase_paces(iteration_durations(progress_rows), phases)
+    if not args.keep_runs:
+        shutil.rmtree(root / "run" / "output", ignore_errors=True)
+    return row
+
+
+def side_by_side(pair: list[dict[str, Any]]) -> None:
+    """Two arms that trained at the same time on the one GPU: each one's median iteration over the seconds both
+    were past their first WARM_ITERATIONS and not yet done (their iteration ends, megatron_call_timer's "ends").
+    Whatever state the machine is in then, both arms are in it: its drift between runs cancels in the ratio."""
+    ends = [{int(k): t for k, t in ((row.get("call_times") or {}).get("ends") or {}).items()} for row in pair]
+    if not all(len(e) > WARM_ITERATIONS + 2 for e in ends):
+        return
+    lo = max(e[min(e) + WARM_ITERATIONS] for e in ends)
+    hi = min(e[max(e) - 1] for e in ends)  # the last iteration's end runs into the final save's preparations
+    for row, e in zip(pair, ends, strict=True):
+        inside = [e[k] - e[k - 1] for k in sorted(e) if k - 1 in e and e[k - 1] >= lo and e[k] <= hi]
+        row["overlap_s"], row["overlap_iterations"] = round(max(0.0, hi - lo), 1), len(inside)
+        if len(inside) >= 5:
+            row["overlap_it_per_s"] = round(1 / statistics.median(inside), 4)
+
+
 def pair_ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """swiftslurm ÷ direct per pair, window and steady pace, with min/median/max."""
     out: dict[str, Any] = {}
-    for key in ("it_per_s", "steady_it_per_s"):
+    for key in ("it_per_s", "steady_it_per_s", "overlap_it_per_s"):
         ratios = []
         for pair in sorted({r["pair"] for r in rows if r["pair"] >= 0}):
             by_arm: dict[str, float] = {r["arm"]: r[key] for r in rows if r["pair"] == pair and r.get(key)}
@@ -456,6 +493,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--first-pair", type=int, default=0, help="overhead: the first pair's number")
     parser.add_argument("--warmup", action="store_true", help="overhead: one discarded direct run first")
+    parser.add_argument(
+        "--concurrent", action="store_true", help="overhead: a pair's two arms train at the same time on the GPU"
+    )
     parser.add_argument("--toggle-block", type=int, default=8, help="the blocks arm: iterations per block")
     parser.add_argument("--blocks-iters", type=int, default=168, help="the blocks arm's iterations (8 + 4 × 8 × 5)")
     parser.add_argument("--partial-arms", default="", help=f"overhead: after each pair, one of {PARTIAL_ARMS}")

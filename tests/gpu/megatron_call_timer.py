@@ -5,7 +5,8 @@ Timing: tests/gpu/gpu_megatron.py's overhead bench gives it to every arm alike, 
 own callbacks (`print`, `default_flow`) and swiftslurm's two, per event and per callback class. Each call is
 timed with two `perf_counter` reads (well under a microsecond), against Megatron iterations of about 300 ms. At
 train end (and at exit) the totals go to the file named in SWIFTSLURM_BENCH_CALL_TIMES:
-`{"EVENT:CallbackClass": [calls, seconds], ...}`.
+`{"EVENT:CallbackClass": [calls, seconds], ...}`, with each iteration's end on the wall clock under "ends" (two
+arms run side by side are compared over the seconds both were training).
 
 Blocks (SWIFTSLURM_BENCH_TOGGLE_BLOCK=B, under the node wrapper): from iteration WARM on, iterations run in
 blocks of B, cycling through four phases: 0 everything on; 1 the wrapper process stopped (SIGSTOP; its keeper
@@ -33,6 +34,7 @@ BLOCK = int(os.environ.get("SWIFTSLURM_BENCH_TOGGLE_BLOCK", "0"))
 
 _totals: dict[str, list[float]] = {}
 _phases: dict[int, int] = {}
+_ends: dict[int, float] = {}  # iteration -> when its on_step_end began (wall clock: arms run side by side compare)
 _wrapper: int | None = None
 _wrapper_stopped = False
 
@@ -74,6 +76,8 @@ def _timed_call_event(self: Any, event: str, **kwargs: Any) -> None:
             _phases[running] = phase
             _set_wrapper(phase in (1, 3))
         skip_ours = phase in (2, 3)
+    if event == "on_step_end":
+        _ends[int(self.state.iteration)] = time.time()
     for callback in self.callbacks:
         name = type(callback).__name__
         if skip_ours and name in SWIFTSLURM_CALLBACKS:
@@ -91,7 +95,7 @@ def _write() -> None:
     _set_wrapper(False)
     if path := os.environ.get("SWIFTSLURM_BENCH_CALL_TIMES"):
         with open(path, "w") as f:
-            json.dump({**_totals, "phases": _phases, "wrapper": _wrapper}, f, indent=1)
+            json.dump({**_totals, "phases": _phases, "ends": _ends, "wrapper": _wrapper}, f, indent=1)
 
 
 if BLOCK:

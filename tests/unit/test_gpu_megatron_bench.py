@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gpu.gpu_megatron import ENGINE, arm_argv, iteration_durations, pair_ratios
+from tests.gpu.gpu_megatron import ENGINE, WARM_ITERATIONS, arm_argv, iteration_durations, pair_ratios, side_by_side
 
 
 def progress_row(iteration: int, last: int, pace: float) -> dict[str, object]:
@@ -50,6 +50,26 @@ def test_pair_ratios_compare_within_each_pair():
     summary = pair_ratios(rows)
     assert summary["it_per_s"]["ratios"] == [0.9, 1.0]
     assert summary["steady_it_per_s"]["ratios"] == [1.0]
+
+
+def test_side_by_side_compares_only_the_seconds_both_arms_trained():
+    # direct starts training at t=100 and runs alone at 0.2 s an iteration until swiftslurm's first steps;
+    # from t=110 both share the GPU: direct 0.5 s, swiftslurm 0.55 s an iteration; direct ends first
+    direct = {k: 100 + 0.2 * k for k in range(1, 51)}  # 1..50 alone, to t=110
+    direct |= {k: 110 + 0.5 * (k - 50) for k in range(51, 121)}  # to t=145
+    wrapped = {k: 110 + 0.55 * k for k in range(1, 101)}  # t=110.55 .. 165, alone after 145
+    pair = [
+        {"pair": 0, "arm": "swiftslurm", "call_times": {"ends": {str(k): t for k, t in wrapped.items()}}},
+        {"pair": 0, "arm": "direct", "call_times": {"ends": {str(k): t for k, t in direct.items()}}},
+    ]
+    side_by_side(pair)
+    assert pair[0]["overlap_it_per_s"] == pytest.approx(1 / 0.55, abs=1e-4)  # not its faster solo tail
+    assert pair[1]["overlap_it_per_s"] == pytest.approx(1 / 0.5, abs=1e-4)  # not its 0.2 s solo start
+    lo = wrapped[1 + WARM_ITERATIONS]
+    assert pair[0]["overlap_s"] == pytest.approx(direct[119] - lo, abs=0.1)
+    assert pair_ratios(pair)["overlap_it_per_s"]["ratios"] == [round(0.5 / 0.55, 4)]
+    side_by_side(none := [{"call_times": None}, {"call_times": {"ends": {}}}])  # a failed arm: no figure
+    assert "overlap_it_per_s" not in none[0] and "overlap_it_per_s" not in none[1]
 
 
 def test_phase_paces_compare_blocks_of_one_run(monkeypatch):
