@@ -1,42 +1,29 @@
-"""ms-swift plugin for `bench/storage.py --training`: when each training step began and ended (Unix time, rank
-0), written to <output_dir>/step_times.json at the end of training.
-
-Set beside <run_dir>/uploads.jsonl (when each upload ran), it compares steps that ran while an upload did
-with steps of the same run that did not: a comparison inside one run, free of the run-to-run noise that
-swamps on-versus-off runs on a shared machine. A step here is forward, backward and optimizer step, from
-`on_step_begin` to `on_step_end`; saving a checkpoint happens after `on_step_end`, so it is not in a step.
-"""
+"""ms-swift plugin for `bench/straggler_swap.py`: `step_times` has global rank 0 append each training step's end
+(its step and the wall clock) to SWIFTSLURM_BENCH_STEP_TIMES, one JSON line a step, across the attempts of a run
+(the trainer's own log says a step's time only in whole seconds, every `logging_steps`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from pathlib import Path
 from typing import Any
 
 from swift.callbacks import TrainerCallback, callbacks_map
 
-STEP_TIMES = "step_times.json"
+STEP_TIMES_ENV = "SWIFTSLURM_BENCH_STEP_TIMES"
 
 
 class StepTimes(TrainerCallback):
     def __init__(self, args: Any, trainer: Any) -> None:
         super().__init__(args, trainer)
-        self.steps: list[tuple[int, float, float]] = []  # (global step after it, began, ended)
-        self._began = 0.0
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self._began = time.time()
-        return control
+        path = os.environ.get(STEP_TIMES_ENV) if os.environ.get("RANK", "0") == "0" else None
+        self.out = open(path, "a", buffering=1) if path else None  # noqa: SIM115  # one line a step, until exit
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self.steps.append((state.global_step, self._began, time.time()))
-        return control
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if state.is_world_process_zero:
-            (Path(args.output_dir) / STEP_TIMES).write_text(json.dumps(self.steps))
+        if self.out is not None:
+            self.out.write(json.dumps({"step": state.global_step, "t": round(time.time(), 4)}) + "\n")
         return control
 
 
-callbacks_map["bench_step_times"] = StepTimes
+callbacks_map["step_times"] = StepTimes

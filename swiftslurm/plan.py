@@ -95,9 +95,10 @@ class SlurmSpec:
 
 
 # resilience.straggler_action: "report" names a straggler (status, node 0's log); "exclude" also leaves its host
-# out of the next requeue, as a failed host's (node/stragglers.py, node/decide.py exclusions).
-STRAGGLER_REPORT, STRAGGLER_EXCLUDE = "report", "exclude"
-STRAGGLER_ACTIONS = (STRAGGLER_REPORT, STRAGGLER_EXCLUDE)
+# out of the next requeue, as a failed host's (node/stragglers.py, node/decide.py exclusions); "swap" stops the
+# attempt at a checkpoint and restarts it in place with a spare in the straggler's place (node/swap.py).
+STRAGGLER_REPORT, STRAGGLER_EXCLUDE, STRAGGLER_SWAP = "report", "exclude", "swap"
+STRAGGLER_ACTIONS = (STRAGGLER_REPORT, STRAGGLER_EXCLUDE, STRAGGLER_SWAP)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Resilience:
     spare_nodes: int = 0
     straggler_ratio: float = 1.2  # slow: this many times the other nodes' median forward time (node/stragglers.py)
     straggler_s: float = 300.0  # named once slow this long
-    straggler_action: str = "report"  # or "exclude": its host is left out of the next requeue
+    straggler_action: str = "report"  # or "exclude": its host is left out of the next requeue; or "swap" (spares)
 
 
 @dataclass(frozen=True)

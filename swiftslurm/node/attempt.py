@@ -291,6 +291,8 @@ def _follow(a: Attempt, said: outcome.Outcome) -> Phase:
     if said.action != decide.Action.RESTART.value or said.next_attempt is None:
         return _stand_down(a, "node 0 ended the attempt without a restart") if a.spare else Phase.DONE
     if said.roster and not _take_place(a, said.roster, said.spares):
+        # A lost host, or a straggler swapped out: it never trains again in this allocation, nor stands by (called
+        # in for a lost node, a straggler would bring its slowness back); SLURM keeps the node until the job ends.
         if a.allocation is None or own_host(a.allocation) not in said.spares:
             return _stand_down(a, "taken off the roster by node 0")
         _next_attempt(a, said.next_attempt)
@@ -386,9 +388,10 @@ def _train(a: Attempt) -> Phase:
     token, lost = (a.lease.token, a.lease.lost) if a.lease else (None, lambda: None)
     peer = _PeerFailed(attempt_dir(a.run_dir, a.id), a.where)
     ends = partial(job_times, a.where)  # node 0 asks when a stop signal comes (the save's deadline)
+    room = (len(a.spares), a.plan.resilience.max_restarts - a.restarts)  # a straggler swapped for a spare (swap.py)
     with _beat_for_spares(a):
         a.observed = train(
-            a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, ends
+            a.plan, a.where, a.run_dir, a.id, a.resume, a.sync, a.signals, token, peer.failed, lost, ends, room
         )
     return _trained(a, a.resume, a.observed)
 

@@ -25,7 +25,7 @@ from swiftslurm.ckpt.checkpoint import (
 from swiftslurm.engines.progress import tail
 from swiftslurm.engines.registry import engine_for
 from swiftslurm.errors import SlurmError, SwiftSlurmError
-from swiftslurm.node import decide
+from swiftslurm.node import decide, swap
 from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
@@ -87,11 +87,13 @@ def conclude(
         kept = f"{committed.name} is kept" if committed else "no committed checkpoint to keep"
         moved = ", ".join(f"{QUARANTINE}/{path.name}" for path in set_aside)
         explanation = f"{explanation}; set aside as {moved}, {kept}"
-    slow = [s["host"] for s in observed.stragglers if s.get("exclude")]  # resilience.straggler_action=exclude
+    # resilience.straggler_action=exclude, and a straggler swapped out (swap): a requeue avoids it
+    slow = [s["host"] for s in observed.stragglers if s.get("exclude") or s.get("swap")]
     history = _history(run_dir, reason, (committed_step or 0) > resume.step, failed, slow)
     # Never restarted in place after an outage of the store: a requeue's back-off gives it time to come back.
     here = attempt_dir(run_dir, attempt)
-    allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts, spares)
+    swapped = swap.hosts(observed.swap) if observed.swap else ()
+    allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts, spares, swapped)
     slack = _partition_slack(plan)
     decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), slack, allocation)
     shape = AttemptShape.of(where, plan)
@@ -112,6 +114,7 @@ def conclude(
         leftovers=_leftovers(here, hosts, observed),
         spares=spares,
         swaps=_swaps(hosts, decision.roster),
+        swap_why=("straggler" if reason is decide.Reason.STRAGGLER else "lost") if decision.roster else None,
         stragglers=observed.stragglers,
     )
     if shape.may_shrink:  # the node count of this attempt, and the one the next asks for
@@ -319,6 +322,7 @@ def _facts(
         trained_before=_trained_before(run_dir, resume),
         restored_from=resume.restored,
         save_space=_save_space(plan, observed),
+        straggler=swap.line(observed.swap) if observed.swap else None,
     )
 
 
@@ -364,7 +368,7 @@ def _signal_reason(observed: Observed, where: SlurmEnv, plan: JobPlan) -> tuple[
 
 def _blame(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed) -> tuple[str, str] | None:
     """The host that failed this attempt and the evidence, when there is positive evidence (decide.blame)."""
-    if observed.exit_code == 0 or observed.signals:
+    if observed.exit_code == 0 or observed.signals or observed.swap:  # a stop: nothing failed
         return None
     own = {h: f for i, h in enumerate(hosts) if (f := decide.own_fault(tail(node_log(attempt_dir, i))))}
     silent = _silent_hosts_states(attempt_dir, hosts, 0.0 if own else NODE_STATE_WAIT_S) if len(hosts) > 1 else {}
@@ -375,7 +379,7 @@ def _first_failure(attempt_dir: Path, hosts: tuple[str, ...], observed: Observed
     """Of several nodes, the one whose trainer failed first (decide.first_failure), from every node's result
     and log, node 0's own from what it observed. None on one node, after a stop signal or a hang (those are
     node 0's verdicts), and when the attempt did not fail."""
-    if len(hosts) < 2 or observed.signals or observed.hung or observed.exit_code == 0:
+    if len(hosts) < 2 or observed.signals or observed.swap or observed.hung or observed.exit_code == 0:
         return None
     own = records.TrainerEnd(0, hosts[0], observed.exit_code, observed.ended_at, observed.ended_by)
     others = (records.read_node_result(attempt_dir, node) for node in range(1, len(hosts)))
@@ -427,13 +431,19 @@ def _allocation(
     blamed: tuple[str, str] | None,
     restarts: int,
     spares: tuple[str, ...] = (),
+    swapped: tuple[str, ...] = (),
 ) -> decide.Allocation | None:
-    """What a restart in place needs to know (None when it cannot be one: not a RESTARTABLE reason). Every
+    """What a restart in place needs to know (None when it cannot be one: not a SWAPPABLE reason). Every
     node is alive when none is blamed and each wrote its result: its wrapper is there to start the next
     attempt (a peer's trainer ends at once when another's fails: watch.py). With spares, the blamed host is
-    lost when it is the only one without a result (or wrote one: its own GPU fault): a spare may take its place."""
-    if reason not in decide.RESTARTABLE:
+    lost when it is the only one without a result (or wrote one: its own GPU fault): a spare may take its place;
+    so is each straggler ``swapped`` out (swap.py): alive, but it trains no more in this allocation."""
+    if reason not in decide.SWAPPABLE:
         return None
+    if reason is decide.Reason.STRAGGLER:  # every other node must be there to restart (a silent one: requeue)
+        silent = records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
+        lost = tuple(host for host in swapped if host in hosts) if set(silent) <= set(swapped) else ()
+        return decide.Allocation(not silent, restarts, hosts, _spares_up(spares) if lost else spares, lost)
     # A blamed host was found after the results had SILENT_HOST_WAIT_S to come (`_blame`): no second wait.
     silent = records.silent_hosts(attempt_dir, hosts, 0.0 if blamed else SILENT_HOST_WAIT_S)
     alive = blamed is None and not silent

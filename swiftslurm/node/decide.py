@@ -36,6 +36,7 @@ class Reason(str, Enum):
     USER_ERROR = "user_error"  # bad input or a config that cannot fit: another attempt would fail the same way
     CANCELLED = "cancelled"  # scancel, Ctrl-C or `swiftslurm cancel`: a person stopped it
     DISK_FULL = "disk_full"  # a save did not fit on the disk: retried after a back-off, in case space comes back
+    STRAGGLER = "straggler"  # node 0 stopped every trainer at a checkpoint to swap a straggler for a spare (swap.py)
 
 
 class Action(str, Enum):
@@ -101,6 +102,7 @@ class AttemptFacts:
     trained_before: bool = False
     save_space: SaveSpace | None = None  # the trainer ended with its newest checkpoint unfinished
     restored_from: str | None = None  # the resume point was downloaded from object storage (s3://.../checkpoint-N)
+    straggler: str | None = None  # node 0 stopped the attempt to swap a straggler for a spare: who (node/swap.py)
 
 
 # Matched against single log lines, as the libraries print them (case-sensitive).
@@ -291,6 +293,8 @@ def classify(facts: AttemptFacts, user_error_window_s: float = 300) -> tuple[Rea
         return Reason.DISK_FULL, facts.save_space.line()
     if facts.signal_reason is not None:  # saving and exiting after the signal is normal, whatever the exit code
         return facts.signal_reason, f"{facts.signal_reason.value.replace('_', ' ')} {steps}"
+    if facts.straggler is not None:  # the trainers were ended once the stop checkpoint was committed
+        return Reason.STRAGGLER, f"{facts.straggler}; stopped at a checkpoint {steps}"
     if facts.unrestored is not None:  # an outage, not the input: retried with back-off like any infra failure
         return infra(facts, f"no trainer started: {facts.unrestored}")
     if facts.hung:
@@ -367,8 +371,8 @@ def history_after(
     slow_hosts: Iterable[str] = (),
 ) -> History:
     """`previous` with the attempt that just ended (at `at`, seconds since the epoch) added (None before the
-    first attempt). `slow_hosts`: stragglers the run excludes (resilience.straggler_action=exclude), avoided
-    as failed hosts are."""
+    first attempt). `slow_hosts`: stragglers the run excludes (resilience.straggler_action=exclude) or swapped
+    out (swap), avoided as failed hosts are."""
     before = previous or History(attempts=0, timeouts=0, consecutive_failures=0)
     hosts = before.failed_hosts
     for host in (*slow_hosts, *([failed_host] if failed_host else [])):
@@ -392,7 +396,7 @@ def history_of(attempts: Iterable[AttemptRecord]) -> History | None:
     history: History | None = None
     for record in attempts:
         at = record.end or record.start or 0.0
-        slow = [str(s["host"]) for s in record.stragglers if s.get("exclude") and s.get("host")]
+        slow = [str(s["host"]) for s in record.stragglers if (s.get("exclude") or s.get("swap")) and s.get("host")]
         history = history_after(history, Reason(record.reason), bool(record.progressed), record.failed_host, at, slow)
         if record.decision == Action.STOP.value:
             history = History(attempts=0, timeouts=0, consecutive_failures=0, failed_hosts=history.failed_hosts)
@@ -494,6 +498,9 @@ class Allocation:
 # Reasons that may restart in place: a crash, a NCCL error, a hang (classified INFRA). A stop signal means
 # SLURM wants the nodes back (requeue); a user error fails the same way again.
 RESTARTABLE = frozenset({Reason.INFRA})
+# Reasons that may restart in place onto spares: a lost node, and a straggler node 0 stopped the attempt to swap
+# out (straggler_action=swap), whose whole point is the restart on a spare.
+SWAPPABLE = RESTARTABLE | {Reason.STRAGGLER}
 
 
 def decide(
@@ -535,11 +542,12 @@ def next_roster(roster: tuple[str, ...], lost: tuple[str, ...], spares: tuple[st
 
 
 def swap_in_spares(decision: Decision, allocation: Allocation, budget: Budget) -> Decision:
-    """A requeue after a lost training node turned into a restart in place onto spares, at the same world size,
-    when that is safe: the reason is RESTARTABLE, every other training node wrote its result, spares cover the
-    loss, node 0 is not lost, and the allocation's restart budget is not spent. Otherwise the decision stands
-    (a requeue, with the lost host excluded; or fewer nodes with `resilience.min_nodes`)."""
-    if decision.action is not Action.REQUEUE or decision.reason not in RESTARTABLE:
+    """A requeue after a lost training node (or a straggler swapped out: `lost` names it) turned into a restart in
+    place onto spares, at the same world size, when that is safe: the reason is SWAPPABLE, every other training
+    node wrote its result, spares cover the loss, node 0 is not lost, and the allocation's restart budget is not
+    spent. Otherwise the decision stands (a requeue, with the lost host excluded; or fewer nodes with
+    `resilience.min_nodes`)."""
+    if decision.action is not Action.REQUEUE or decision.reason not in SWAPPABLE:
         return decision
     roster = next_roster(allocation.roster, allocation.lost, allocation.spares)
     if roster is None:
@@ -589,6 +597,8 @@ def decide_by_reason(
         return stalled_by_stops(reason, explanation, history, budget)
     if reason is Reason.DISK_FULL:
         return decide_disk_full(explanation, history, budget, exclude)
+    if reason is Reason.STRAGGLER:
+        return decide_straggler(explanation, exclude)
     if reason is Reason.PREEMPTED:
         return Decision(Action.REQUEUE, reason, f"{explanation}; requeued (preemptions are unlimited)", 0, exclude)
     if reason is Reason.TIMED_OUT:
@@ -655,6 +665,15 @@ def decide_infra(explanation: str, history: History, budget: Budget, exclude: tu
         f"({failures} of {budget.max_consecutive_failures} failures in a row without progress{excluding})"
     )
     return Decision(Action.REQUEUE, Reason.INFRA, why, delay, exclude)
+
+
+def decide_straggler(explanation: str, exclude: tuple[str, ...]) -> Decision:
+    """The attempt was stopped at a checkpoint to swap a straggler for a spare: `decide` turns this into a restart
+    in place onto the spare (swap_in_spares). Should no spare be up by then (SLURM reports it down) or the restart
+    budget be spent, the run is requeued at once without the straggler, as `straggler_action=exclude` would (its
+    host is among `exclude`: history_after counts it as a failed host)."""
+    excluding = f", excluding {','.join(exclude)}" if exclude else ""
+    return Decision(Action.REQUEUE, Reason.STRAGGLER, f"{explanation}; requeued{excluding}", 0, exclude)
 
 
 def decide_disk_full(explanation: str, history: History, budget: Budget, exclude: tuple[str, ...]) -> Decision:

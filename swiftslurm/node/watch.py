@@ -2,7 +2,8 @@
 stop step they agreed on is committed, kill it when it hangs (after every rank dumped its stacks: stacks.py) or
 outlives its save (node/deadline.py says when), and hand each newly committed checkpoint to the background
 uploader (leader). Progress is global rank 0's heartbeat (rundir/beat.py); when the run is hung is node/hang.py's:
-a window learned from its own pace."""
+a window learned from its own pace. With `resilience.straggler_action=swap` node 0's request to swap a straggler
+for a spare (node/swap.py) stops every node's trainer the way a stop signal does."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from typing import Any
 from swiftslurm.ckpt.checkpoint import ResumePoint, checkpoint_dir, is_committed
 from swiftslurm.engines.hooks import STACKS_ENV, STOP_FILE_ENV, agreed_stop_step
 from swiftslurm.engines.registry import engine_for
-from swiftslurm.node import stacks
+from swiftslurm.node import stacks, swap
 from swiftslurm.node.deadline import KILL_MARGIN_S, EndTimes, SaveDeadline, earliest, save_deadline
 from swiftslurm.node.hang import HangLimits, StepGaps
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.stragglers import StragglerLimits, StragglerWatch
-from swiftslurm.plan import STRAGGLER_EXCLUDE, JobPlan, Resilience
+from swiftslurm.plan import STRAGGLER_EXCLUDE, STRAGGLER_SWAP, JobPlan, Resilience
 from swiftslurm.render import swift_command
 from swiftslurm.rundir import records, reserve
 from swiftslurm.rundir.beat import PROGRESS_ENV, STEP, ProgressWatch
@@ -97,6 +98,7 @@ class Observed:
     disk_free: int | None = None  # bytes free beside the checkpoints as the trainer left them (reserve held)
     leftovers: tuple[str, ...] = ()  # the trainer's processes still there when the wrapper stopped waiting for them
     stragglers: tuple[dict[str, Any], ...] = ()  # node 0: the nodes named slow when the trainer ended (stragglers.py)
+    swap: dict[str, Any] | None = None  # node 0 asked every node to stop for a swap (node/swap.py): when, whom
 
     @property
     def peer_failed(self) -> bool:
@@ -155,12 +157,14 @@ def train(
     peer_failed: Callable[[], bool] = lambda: False,
     lease_lost: Callable[[], str | None] = lambda: None,
     end_times: AskEndTimes = no_end_times,
+    swap_room: tuple[int, int] = (0, 0),
 ) -> Observed:
     """Run ms-swift once; forward stop signals (recorded in ``signals``, the wrapper's) to its workers and end
     it once the checkpoint they asked for is committed, or at the save's deadline (node 0 asks ``end_times``
     when the signal comes); end it when ``peer_failed()`` (another node's trainer failed), or when
     ``lease_lost()`` says why this leader lost the run dir's lease; the leader kills it if it hangs and hands
-    each newly committed checkpoint to the background uploader."""
+    each newly committed checkpoint to the background uploader. ``swap_room``: node 0's spares standing by and
+    restarts in place left in this allocation, for `resilience.straggler_action=swap`."""
     engine = engine_for(plan.launcher)
     shape = AttemptShape.of(where, plan)
     extra = resume_args(plan, shape, resume)
@@ -181,6 +185,7 @@ def train(
         plan, where, trainer, engine.stop_recipients, signals, watch, sync, log_path.parent, peer_failed, lease_lost
     )
     watcher.end_times = end_times
+    watcher.spares_left, watcher.restarts_left = swap_room
     code, ended = watcher.until_exit(), time.time()
     disk_free = reserve.free_bytes(plan.output_dir if plan.output_dir.is_dir() else run_dir)
     reserve.release(run_dir, where.node_id)  # before anything is written: a save may have filled the disk
@@ -190,7 +195,7 @@ def train(
     print(wrapper_cost_line(_own_cpu_s() - cpu_before, time.time() - started), flush=True)
     observed = Observed(code, list(signals.received), watcher.hung, watch, started, ended, watcher.ended_by)
     observed = replace(observed, hang=watcher.hang, stop=watcher.stop_record(), disk_free=disk_free)
-    observed = replace(observed, stragglers=watcher.straggler_record())
+    observed = replace(observed, stragglers=watcher.straggler_record(), swap=watcher.swap)
     return replace(observed, leftovers=trainer.leftovers)
 
 
@@ -237,6 +242,15 @@ class _Watcher:
     deadline_signals: int = 0  # how many of the signals the deadline has taken into account
     stragglers: StragglerWatch | None = None  # node 0: which nodes are slower than the others
     paces_read_at: float = float("-inf")
+    spares_left: int = 0  # node 0: spares standing by (straggler_action=swap)
+    restarts_left: int = 0  # node 0: restarts in place this allocation may still make
+    swap: dict[str, Any] | None = None  # node 0's request to stop for a swap (node/swap.py), once made or seen
+    not_swapped: dict[int, str] = field(default_factory=dict)  # node 0: named node -> why it is not swapped
+
+    @property
+    def stopping(self) -> bool:
+        """A stop signal came, or node 0 asked every node to stop for a swap: the trainer saves and is ended."""
+        return bool(self.signals.received) or self.swap is not None
 
     def until_exit(self) -> int:
         while (code := self.trainer.poll()) is None:
@@ -247,7 +261,8 @@ class _Watcher:
     def tick(self, now: float) -> None:
         if self.end_if_lease_lost() or self.end_leftovers():
             return
-        if self.signals.received:
+        self.follow_swap()
+        if self.stopping:
             self.trainer.tree_exit_s = min(self.trainer.tree_exit_s, TREE_EXIT_AFTER_STOP_S)
         self.forward_stop(now)
         self.follow_progress(now)
@@ -261,8 +276,7 @@ class _Watcher:
         self.end_if_peer_failed()
 
     def forward_stop(self, now: float) -> None:
-        received = self.signals.received
-        if received and now - self.forwarded_at >= REFORWARD_S and not self.stop_committed():
+        if self.stopping and now - self.forwarded_at >= REFORWARD_S and not self.stop_committed():
             # Whatever stop signal came (USR2 from SLURM, TERM from scancel), the workers get USR2: it
             # makes them save and exit, and torchrun ignores it (TERM would make it SIGKILL them 30 s on).
             # Re-sent until a checkpoint is committed, but only to processes that handle it and have not
@@ -288,8 +302,40 @@ class _Watcher:
         for line in lines:
             print(f"[swiftslurm] {line}", flush=True)
             records.note_in_log(node_log(self.attempt_dir, 0), line)
+        if self.plan.resilience.straggler_action == STRAGGLER_SWAP:
+            lines += self.ask_swap(now)
         if lines or self.stragglers.named:  # while one is named, its ratio and step stay current for `status`
             self.publish_stragglers(now)
+
+    def ask_swap(self, now: float) -> list[str]:
+        """Node 0, straggler_action=swap: once a node is named and a spare can take its place (swap.choose), ask
+        every node to stop at a checkpoint (swap.json); a named node that is not swapped is said once, with why.
+        Returns the lines said."""
+        assert self.stragglers is not None
+        if self.swap is not None or not (named := self.stragglers.stragglers()):
+            return []
+        taken, why_not = swap.choose(named, self.spares_left, self.restarts_left)
+        said = []
+        if taken:
+            self.swap = swap.request(self.attempt_dir, taken, now)
+            said.append(f"{swap.line(self.swap)}: every node stops at a checkpoint, then the attempt restarts")
+        for s in named:
+            if s not in taken and why_not and s.node not in self.not_swapped:
+                self.not_swapped[s.node] = why_not
+                said.append(f"node {s.node} ({s.host}) is not swapped: {why_not}")
+        for line in said:
+            print(f"[swiftslurm] {line}", flush=True)
+            records.note_in_log(node_log(self.attempt_dir, 0), line)
+        return said
+
+    def follow_swap(self) -> None:
+        """Not node 0, straggler_action=swap: node 0's request to stop for a swap (node/swap.py), looked for at each
+        poll until it comes."""
+        if self.swap is not None or self.where.node_id == 0 or self.plan.resilience.straggler_action != STRAGGLER_SWAP:
+            return
+        if (asked := swap.requested(self.attempt_dir)) is not None:
+            self.swap = asked
+            print(f"[swiftslurm] node 0 asks every node to stop at a checkpoint: {swap.line(asked)}", flush=True)
 
     def publish_stragglers(self, now: float) -> None:
         res = self.plan.resilience
@@ -302,9 +348,20 @@ class _Watcher:
 
     def straggler_record(self) -> tuple[dict[str, Any], ...]:
         """The nodes named now; with resilience.straggler_action=exclude each marked for the next requeue to
-        avoid (decide.exclusions, as failed hosts)."""
+        avoid (decide.exclusions, as failed hosts); with swap, those swapped for a spare marked "swap" (avoided by a
+        requeue as well) and the others with why they are not (`not_swapped`)."""
+        if not self.stragglers:
+            return ()
         mark = {"exclude": True} if self.plan.resilience.straggler_action == STRAGGLER_EXCLUDE else {}
-        return tuple(s.as_dict() | mark for s in self.stragglers.stragglers()) if self.stragglers else ()
+        swapped = set(swap.hosts(self.swap)) if self.swap else set()
+        return tuple(
+            s.as_dict() | mark | self.swap_mark(s.node, s.host in swapped) for s in self.stragglers.stragglers()
+        )
+
+    def swap_mark(self, node: int, swapped: bool) -> dict[str, Any]:
+        if swapped:
+            return {"swap": True}
+        return {"not_swapped": self.not_swapped[node]} if node in self.not_swapped else {}
 
     def dump_if_asked(self) -> None:
         """Not node 0: once node 0 found the run hung (hang.json), have this node's ranks dump their stacks,
@@ -317,7 +374,7 @@ class _Watcher:
             self.end(HUNG)
 
     def kill_if_hung(self, now: float) -> None:
-        if self.where.node_id != 0 or self.signals.received or self.hung:
+        if self.where.node_id != 0 or self.stopping or self.hung:
             return
         window, stalled = self.gaps.window(hang_limits(self.plan.resilience)), self.watch.stalled_for(now)
         if stalled <= window.seconds:
@@ -342,7 +399,7 @@ class _Watcher:
         return {"stacks": str(stacks_dir(self.attempt_dir)), "stacks_missing": missing}
 
     def kill_if_save_overdue(self, now: float) -> None:
-        if self.signals.received and now > (deadline := self.save_deadline(now)).at:
+        if self.stopping and now > (deadline := self.save_deadline(now)).at:
             # The save had all the time there is; something (e.g. torchrun's exit barrier waiting for a peer
             # that is gone) keeps the trainer alive: end it while node 0 can still record and requeue.
             print(
@@ -356,6 +413,9 @@ class _Watcher:
         the end of the grace time), and publishes it: every node kills at the same moment. Until its word is
         there, or when node 0 is gone, a node goes by its own signals and SLURM_JOB_END_TIME."""
         received = self.signals.received
+        if self.swap is not None and self.deadline is None:  # the swap's save has the time a stop signal's has
+            at = float(self.swap["at"])  # node 0's clock: every node kills at the same moment
+            self.deadline = save_deadline(at, self.plan.resilience.signal_lead_s, self.exported_end_times())
         if len(received) > self.deadline_signals:
             ends = self.ask_end_times() if self.where.node_id == 0 else self.exported_end_times()
             for _, signalled_at in received[self.deadline_signals :]:
@@ -409,7 +469,7 @@ class _Watcher:
         return self.stop_step is not None and is_committed(checkpoint_dir(self.plan.output_dir, self.stop_step))
 
     def end_once_saved(self) -> None:
-        if self.signals.received and self.stop_committed():
+        if self.stopping and self.stop_committed():
             # The checkpoint the stop signal asked for is committed: all the next attempt needs. ms-swift's and
             # torchrun's shutdown after it took 5-60 s (docs/resilience.md, "Measured"), time taken from the
             # requeue; nothing of it is kept.
@@ -420,7 +480,7 @@ class _Watcher:
 
     def stop_record(self) -> dict[str, Any] | None:
         """For the attempt's record: the agreed stop step (None: none was agreed) and the deadline."""
-        if not self.signals.received:
+        if not self.stopping:
             return None
         if self.stop_step is None:
             self.stop_step = agreed_stop_step(stop_step_file(self.attempt_dir))
@@ -443,7 +503,7 @@ class _Watcher:
     def end_if_peer_failed(self) -> None:
         # Not after a stop signal: then peers end on their own after their part of the save, and this node's
         # rank 0 may still be committing it.
-        if not self.signals.received and self.peer_failed():
+        if not self.stopping and self.peer_failed():
             print("[swiftslurm] another node's trainer failed: ending this node's", flush=True)
             self.end(PEER_FAILED)
 
@@ -452,7 +512,7 @@ class _Watcher:
         none of them is needed any more (torchrun, which waits for its ranks, is gone), so they are KILLed, and the
         command's exit code stands. After a stop signal a rank may still be committing its save: the commit or the
         save's deadline ends them, as it ends a running trainer."""
-        if self.signals.received or self.trainer.command_exit is None:
+        if self.stopping or self.trainer.command_exit is None:
             return False
         self.trainer.kill()
         return True

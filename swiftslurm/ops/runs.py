@@ -99,7 +99,8 @@ class RunFacts:
     storage: dict[str, Any] | None
     ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ops/ledger.py)
     spares_left: int | None = None  # hosts still standing by (resilience.spare_nodes); None: the run has none
-    swaps: tuple[tuple[str, str], ...] = ()  # (lost host, the spare that took its place), oldest first
+    # (host taken off, the spare in its place, why: "lost" or "straggler"), oldest first
+    swaps: tuple[tuple[str, str, str], ...] = ()
     # The nodes named slow in the newest attempt (node/stragglers.py): node, host, ratio, since, since_step, step
     stragglers: tuple[dict[str, Any], ...] = ()
 
@@ -175,7 +176,7 @@ def gather(
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
         spares_left=spares_left(attempts),
-        swaps=tuple(swap for record in attempts for swap in record.swaps),
+        swaps=tuple((old, new, record.swap_why or "lost") for record in attempts for old, new in record.swaps),
         stragglers=newest_stragglers(run_dir, attempts),
     )
 

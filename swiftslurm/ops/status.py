@@ -77,6 +77,10 @@ def straggler_line(straggler: dict[str, Any]) -> str:
         f"{float(straggler.get('ratio', 0)):.2f}× the other nodes' median since step {straggler.get('since_step')} "
         f"({since})"
     )
+    if straggler.get("swap"):
+        return f"{text}; swapped for a spare"
+    if not_swapped := straggler.get("not_swapped"):
+        return f"{text}; not swapped: {not_swapped}"
     return text + ("; excluded from the next requeue" if straggler.get("exclude") else "")
 
 
@@ -120,8 +124,8 @@ def spares_line(facts: RunFacts) -> str | None:
     """The run's spares (`resilience.spare_nodes`): how many still stand by, and each swap so far."""
     if facts.spares_left is None:
         return None
-    swaps = ", ".join(f"{lost} -> {spare}" for lost, spare in facts.swaps) or "none"
-    return f"spares: {facts.spares_left} standing by; lost nodes replaced by a spare: {swaps}"
+    swaps = ", ".join(f"{old} -> {spare} ({why})" for old, spare, why in facts.swaps) or "none"
+    return f"spares: {facts.spares_left} standing by; nodes replaced by a spare: {swaps}"
 
 
 def table(rows: list[list[str]]) -> str:

@@ -288,7 +288,10 @@ class ResilienceConfig:
     straggler_action: str = doc(
         "report",
         "`report`: name the straggler, nothing more. `exclude`: also leave its host out of the next requeue, as a "
-        "failed host (`exclude_host_s`; never more hosts than the partition spares).",
+        "failed host (`exclude_host_s`; never more hosts than the partition spares). `swap` (needs "
+        "`spare_nodes`>=1): every node stops at a checkpoint and the attempt restarts in place, a spare at the "
+        "straggler's node rank, at the same world size (a restart: `max_restarts`); with no spare left it is "
+        "reported only. See docs/resilience.md, 'Stragglers'.",
     )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from swiftslurm import secrets
 from swiftslurm.engines.registry import STRATEGY_ENGINES, engine_for_strategy
 from swiftslurm.errors import ConfigError, did_you_mean, one_of
-from swiftslurm.plan import BACKGROUND_PRIORITIES, STRAGGLER_ACTIONS
+from swiftslurm.plan import BACKGROUND_PRIORITIES, STRAGGLER_ACTIONS, STRAGGLER_SWAP
 from swiftslurm.planning import hardware, memory_plan, swift_rules
 from swiftslurm.slurm import parse_time
 from swiftslurm.slurm_env import HOSTLIST_FORM, hostlist_problem, repaired_hostlist
@@ -105,7 +105,7 @@ def check_counts(cfg: Config) -> None:
 
 def check_stragglers(cfg: Config) -> None:
     """`resilience.straggler_*`: a ratio above 1 (a node as fast as the others is no straggler), a window, and one
-    of the actions node/stragglers.py knows."""
+    of the actions node/stragglers.py knows; `swap` only with a spare to swap in, and where stragglers are timed."""
     res = cfg.resilience
     if not 1 < res.straggler_ratio < math.inf:
         raise ConfigError(
@@ -116,7 +116,28 @@ def check_stragglers(cfg: Config) -> None:
     if res.straggler_action not in STRAGGLER_ACTIONS:
         raise ConfigError(
             f"resilience.straggler_action={res.straggler_action!r} is not one of {', '.join(STRAGGLER_ACTIONS)}. HINT: "
-            "`report` names the slow node; `exclude` also leaves its host out of the next requeue."
+            "`report` names the slow node; `exclude` also leaves its host out of the next requeue; `swap` replaces "
+            "it with a spare (resilience.spare_nodes)."
+        )
+    if res.straggler_action == STRAGGLER_SWAP:
+        check_swap(cfg)
+
+
+def check_swap(cfg: Config) -> None:
+    """`straggler_action=swap` needs a spare to swap in, and a run whose forwards time each node's own pace
+    (the engine adapter says where they do not: Engine.straggler_gap): else it could never act."""
+    from swiftslurm.engines.registry import engine_for_strategy
+
+    if cfg.resilience.spare_nodes < 1:
+        raise ConfigError(
+            "resilience.straggler_action=swap has no spare to swap a straggler for (resilience.spare_nodes=0). "
+            "HINT: add resilience.spare_nodes=1, or use straggler_action=exclude (left out of the next requeue)."
+        )
+    strategy = cfg.strategy
+    if why := engine_for_strategy(strategy.engine).straggler_gap(strategy.engine, strategy.deepspeed, strategy.fsdp):
+        raise ConfigError(
+            f"resilience.straggler_action=swap: stragglers are not detected in this run ({why}), so none would "
+            "ever be swapped. HINT: use a strategy without that gap (DDP, ZeRO-1/2), or straggler_action=report."
         )
 
 

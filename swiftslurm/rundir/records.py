@@ -78,6 +78,7 @@ class AttemptRecord:
     next_nodes: int | None = None  # the node count the next attempt asks for
     spares: tuple[str, ...] = ()  # the hosts standing by during this attempt (resilience.spare_nodes)
     swaps: tuple[tuple[str, str], ...] = ()  # (lost host, spare in its place) for the restart this decided
+    swap_why: str | None = None  # why those hosts left the roster: "lost" (`blame`), or "straggler" (swap.py)
     preflight: str | None = None  # "failed": the preflight stopped the run before training
     refused: bool | None = None  # the wrapper refused to start the attempt
     restore_error: str | None = None  # the object store could not be read before training (node/resume.py)
@@ -129,6 +130,7 @@ _WHEN_SET = (
     "requeue_error",
     "leftovers",
     "stragglers",
+    "swap_why",
 )
 CONCLUDED_KEYS = tuple(k for k in AttemptRecord.facts() if k not in _WHEN_SET)
 # The key of a line that corrects the attempt recorded before it with the same id (amend_attempt).

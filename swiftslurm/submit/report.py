@@ -7,7 +7,7 @@ from pathlib import Path
 from swiftslurm import container
 from swiftslurm.ckpt.checkpoint import disk_policy, newest_checkpoint
 from swiftslurm.engines.registry import engine_for
-from swiftslurm.plan import JobPlan
+from swiftslurm.plan import STRAGGLER_SWAP, JobPlan
 from swiftslurm.render import display_command, render_sbatch, swift_command
 from swiftslurm.rundir.layout import PREFLIGHT_REPORT, SBATCH, preflight_dir
 from swiftslurm.rundir.metrics import read_metrics
@@ -60,8 +60,18 @@ def spares_line(plan: JobPlan) -> str | None:
     share = spares / plan.allocation_nodes
     return (
         f"spares      {spares} node(s) beside the {topo.nodes} training: the job asks for {plan.allocation_nodes} "
-        f"(sbatch/srun --no-kill); idle until a training node is lost, then one takes its place in the same job; "
-        f"cost: {cost}, {share:.0%} of the allocation (docs/resilience.md)"
+        f"(sbatch/srun --no-kill); idle until a training node is lost{_or_slow(plan)}, then one takes its place in "
+        f"the same job; cost: {cost}, {share:.0%} of the allocation (docs/resilience.md)"
+    )
+
+
+def _or_slow(plan: JobPlan) -> str:
+    """With `straggler_action=swap`: when else a spare takes a training node's place."""
+    res = plan.resilience
+    if res.straggler_action != STRAGGLER_SWAP:
+        return ""
+    return (
+        f" or one is a straggler ({res.straggler_ratio}× slower for {res.straggler_s:.0f} s: stopped at a checkpoint)"
     )
 
 

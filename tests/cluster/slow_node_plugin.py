@@ -8,6 +8,8 @@ and more) keeps that noise to a few per cent, so what a long run measures is the
 
 Configured by the environment (the wrapper passes the job's environment to every rank):
     SWIFTSLURM_TEST_SLOW_NODE   the node (NODE_RANK) whose ranks slow down
+    SWIFTSLURM_TEST_SLOW_HOST   or: the host (SLURMD_NODENAME) whose ranks slow down, whichever node rank it has: a
+                                spare that takes its rank after a swap (straggler_action=swap) is at full speed
     SWIFTSLURM_TEST_SLOW_FROM   the first step they are slow in
     SWIFTSLURM_TEST_SLOW_FACTOR how much slower (0.5: each forward takes 1.5 times as long); default 0.5
     SWIFTSLURM_TEST_FORWARD_S   every node's training forward lasts at least this many seconds; default 0 (none)
@@ -23,6 +25,7 @@ from typing import Any
 from swift.callbacks import TrainerCallback, callbacks_map
 
 NODE_ENV, FROM_ENV, FACTOR_ENV = "SWIFTSLURM_TEST_SLOW_NODE", "SWIFTSLURM_TEST_SLOW_FROM", "SWIFTSLURM_TEST_SLOW_FACTOR"
+HOST_ENV = "SWIFTSLURM_TEST_SLOW_HOST"
 FORWARD_ENV = "SWIFTSLURM_TEST_FORWARD_S"
 
 
@@ -33,7 +36,7 @@ class SlowNodeCallback(TrainerCallback):
         self.started = 0.0
         self.factor = float(os.environ.get(FACTOR_ENV, "0.5"))
         self.from_step = int(os.environ.get(FROM_ENV, "0"))
-        self.here = os.environ.get(NODE_ENV) == os.environ.get("NODE_RANK", "0")
+        self.here = slow_here(os.environ)
         self.floor_s = float(os.environ.get(FORWARD_ENV, "0"))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -61,3 +64,10 @@ class SlowNodeCallback(TrainerCallback):
 
 
 callbacks_map["slow_node"] = SlowNodeCallback
+
+
+def slow_here(env: Any) -> bool:
+    """Whether this node's ranks are the slow ones: by host when SWIFTSLURM_TEST_SLOW_HOST is set, else by node rank."""
+    if host := env.get(HOST_ENV):
+        return bool(host == env.get("SLURMD_NODENAME"))
+    return bool(env.get(NODE_ENV) == env.get("NODE_RANK", "0"))

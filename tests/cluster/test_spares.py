@@ -92,4 +92,4 @@ def test_a_lost_training_node_is_replaced_by_the_spare_inside_the_same_job(
     assert (last["reason"], last["decision"], last["committed_step"]) == ("finished", "done", 120), last
     assert (run_dir / ADAPTER).read_bytes() == uninterrupted, "the final adapter differs from the uninterrupted run's"
     facts = gather(run_dir)
-    assert (facts.spares_left, facts.swaps) == (0, ((hosts[1], hosts[2]),)), facts
+    assert (facts.spares_left, facts.swaps) == (0, ((hosts[1], hosts[2], "lost"),)), facts

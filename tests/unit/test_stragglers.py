@@ -294,7 +294,7 @@ def test_a_straggler_and_a_failed_host_are_both_avoided() -> None:
     [
         ("resilience.straggler_ratio=1.0", "must be above 1"),
         ("resilience.straggler_s=-1", "resilience.straggler_s"),
-        ("resilience.straggler_action=swap", "is not one of report, exclude"),
+        ("resilience.straggler_action=bogus", "is not one of report, exclude, swap"),
     ],
 )
 def test_straggler_settings_are_checked(override: str, message: str) -> None:
