@@ -20,6 +20,7 @@ from swiftslurm.ops.accounting import STATUS_ASKS, run_ledger
 from swiftslurm.ops.ledger import Ledger
 from swiftslurm.ops.submission import submission, superseded
 from swiftslurm.plan import PlanGlance
+from swiftslurm.rundir.beat import STALE_S, spare_silences
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
     SYNC_STATE,
@@ -100,6 +101,9 @@ class RunFacts:
     ledger: Ledger | None = None  # where the allocated device-hours went (swiftslurm/ops/ledger.py)
     spares_left: int | None = None  # hosts still standing by (resilience.spare_nodes); None: the run has none
     swaps: tuple[tuple[str, str], ...] = ()  # (lost host, the spare that took its place), oldest first
+    # While the run runs, each spare standing by: host, silent_s (since its wrapper's last beat), alive (within
+    # STALE_S: node 0 would call it in); see `standing_spares`
+    spare_beats: tuple[dict[str, Any], ...] = ()
     # The nodes named slow in the newest attempt (node/stragglers.py): node, host, ratio, since, since_step, step
     stragglers: tuple[dict[str, Any], ...] = ()
 
@@ -158,6 +162,7 @@ def gather(
     committed = newest_manifest(output_dir(run_dir))
     batch = plan.batch.global_ if plan.batch else None
     spent = run_ledger(run_dir, plan, jobs, running=state == "running", recorded=attempts)
+    standing = standing_spares(run_dir, state, time.time())
     return RunFacts(
         run_dir=str(run_dir),
         run_name=plan.run_name or run_dir.name,
@@ -174,8 +179,9 @@ def gather(
         goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
-        spares_left=spares_left(attempts),
+        spares_left=len(standing) if standing else spares_left(attempts),
         swaps=tuple(swap for record in attempts for swap in record.swaps),
+        spare_beats=standing,
         stragglers=newest_stragglers(run_dir, attempts),
     )
 
@@ -187,6 +193,20 @@ def spares_left(attempts: list[AttemptRecord]) -> int | None:
     if newest is None:
         return 0 if any(record.swaps for record in attempts) else None
     return len(newest.spares) - len(newest.swaps)
+
+
+def standing_spares(run_dir: Path, state: str, now: float) -> tuple[dict[str, Any], ...]:
+    """While the run runs, each spare standing by in its attempt (status.json's `spares`, written by node 0) with
+    the seconds its wrapper has been silent at ``now`` (rundir/beat.py, from the open attempt's start for one that
+    has not beaten yet) and whether that is within STALE_S, as node 0 asks before it calls a spare in."""
+    status = read_status(run_dir) or {}
+    hosts, attempt = status.get("spares"), status.get("attempt")
+    if state != "running" or not isinstance(hosts, list) or not hosts or not attempt:
+        return ()
+    opened = read_open_attempt(run_dir)
+    since = opened.start if opened is not None and opened.attempt == attempt and opened.start else 0.0
+    silences = spare_silences(attempt_dir(run_dir, str(attempt)), map(str, hosts), now, since)
+    return tuple({"host": host, "silent_s": round(s, 1), "alive": s <= STALE_S} for host, s in silences.items())
 
 
 def newest_stragglers(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:

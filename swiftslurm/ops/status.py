@@ -117,11 +117,22 @@ def row(facts: RunFacts, label: str | None = None) -> list[str]:
 
 
 def spares_line(facts: RunFacts) -> str | None:
-    """The run's spares (`resilience.spare_nodes`): how many still stand by, and each swap so far."""
+    """The run's spares (`resilience.spare_nodes`): how many still stand by (while it runs, each one's
+    heartbeat), and each swap so far."""
     if facts.spares_left is None:
         return None
     swaps = ", ".join(f"{lost} -> {spare}" for lost, spare in facts.swaps) or "none"
-    return f"spares: {facts.spares_left} standing by; lost nodes replaced by a spare: {swaps}"
+    beats = ", ".join(map(spare_beat_phrase, facts.spare_beats))
+    standing = f"{facts.spares_left} standing by" + (f" ({beats})" if beats else "")
+    return f"spares: {standing}; lost nodes replaced by a spare: {swaps}"
+
+
+def spare_beat_phrase(beat: dict[str, Any]) -> str:
+    """'node3: beat 4 s ago', or 'node3: SILENT for 240 s, not called in'."""
+    seconds = float(beat.get("silent_s", 0))
+    if beat.get("alive"):
+        return f"{beat.get('host')}: beat {seconds:.0f} s ago"
+    return f"{beat.get('host')}: SILENT for {seconds:.0f} s, not called in"
 
 
 def table(rows: list[list[str]]) -> str:
