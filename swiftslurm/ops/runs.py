@@ -27,10 +27,12 @@ from swiftslurm.rundir.layout import (
     attempt_dir,
     logs_dir,
     output_dir,
+    pace_dir,
     slurm_log,
     stragglers_file,
 )
 from swiftslurm.rundir.metrics import read_latest
+from swiftslurm.rundir.pace import read_paces
 from swiftslurm.rundir.records import (
     AttemptRecord,
     is_cancelled,
@@ -106,6 +108,9 @@ class RunFacts:
     spare_beats: tuple[dict[str, Any], ...] = ()
     # The nodes named slow in the newest attempt (node/stragglers.py): node, host, ratio, since, since_step, step
     stragglers: tuple[dict[str, Any], ...] = ()
+    # Each node's published pace in the newest attempt (rundir/pace.py): node, forward_s, data_s (None: not
+    # timed), step; see `newest_paces`
+    paces: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         facts = asdict(self)
@@ -183,6 +188,7 @@ def gather(
         swaps=tuple(swap for record in attempts for swap in record.swaps),
         spare_beats=standing,
         stragglers=newest_stragglers(run_dir, attempts),
+        paces=newest_paces(run_dir, attempts),
     )
 
 
@@ -209,10 +215,26 @@ def standing_spares(run_dir: Path, state: str, now: float) -> tuple[dict[str, An
     return tuple({"host": host, "silent_s": round(s, 1), "alive": s <= STALE_S} for host, s in silences.items())
 
 
+def newest_paces(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:
+    """Each node's pace in the run's newest attempt (pace/node<N>.json, by its local rank 0), by node: the median
+    forward and data-loader wait per step of its slowest rank's recent steps."""
+    newest = _newest_attempt(run_dir, attempts)
+    paces = read_paces(pace_dir(attempt_dir(run_dir, newest))) if newest else {}
+    return tuple(
+        {"node": node, "forward_s": pace.forward_s, "data_s": pace.data_s, "step": pace.step}
+        for node, pace in sorted(paces.items())
+    )
+
+
+def _newest_attempt(run_dir: Path, attempts: list[AttemptRecord]) -> str | None:
+    """The attempt running now, else the newest recorded one."""
+    running = read_open_attempt(run_dir)
+    return running.attempt if running else attempts[-1].attempt if attempts else None
+
+
 def newest_stragglers(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:
     """The nodes named slow in the run's newest attempt (node 0's stragglers.json), while it runs and after."""
-    running = read_open_attempt(run_dir)
-    newest = running.attempt if running else attempts[-1].attempt if attempts else None
+    newest = _newest_attempt(run_dir, attempts)
     report = read_json(stragglers_file(attempt_dir(run_dir, newest))) if newest else None
     named = (report or {}).get("stragglers")
     return tuple(s for s in named if isinstance(s, dict)) if isinstance(named, list) else ()
