@@ -10,6 +10,11 @@ nothing), so CUDA events recorded on the stream at its start and end time it, re
 Not covered: ZeRO-3 and FSDP, whose forward gathers each layer's parameters from the other ranks (a wait for
 the slowest of them, not this rank's compute); `not_covered` says so, and nothing is timed there. Nor is
 Megatron (its plugin publishes no pace).
+
+Beside the forwards, each rank's wait for its data loader (`FetchClock`): the Trainer fetches a step's
+micro-batches in `get_batch_samples` before the step begins, and only its `next` calls are timed, on the CPU's
+wall clock (the loop blocks on them). The same method then counts the batch's tokens across ranks: a collective,
+a wait for the slowest rank's fetch, which is left out. Shown, not judged (docs/resilience.md, 'Stragglers').
 """
 
 from __future__ import annotations
@@ -96,15 +101,57 @@ def _elapsed_s(start: Any, end: Any) -> float:
     return end - start if isinstance(start, float) else float(start.elapsed_time(end)) / 1000
 
 
+class FetchClock:
+    """Times this rank's waits for its data loader: every `next` that the Trainer's ``get_batch_samples`` makes on
+    the epoch's iterator (wrapped on the trainer instance, so a subclass's override is wrapped too). Nothing else
+    of that method is timed: its count of the batch's tokens across ranks is a collective."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.waited = 0.0  # seconds waited since the last step's end
+        fetch = trainer.get_batch_samples
+
+        def timed(epoch_iterator: Any, *args: Any, **kwargs: Any) -> Any:
+            return fetch(_TimedIterator(epoch_iterator, self), *args, **kwargs)
+
+        trainer.get_batch_samples = timed
+
+    @classmethod
+    def attach(cls, trainer: Any) -> FetchClock | None:
+        """None where the trainer fetches no other way than transformers' (no ``get_batch_samples``)."""
+        return cls(trainer) if callable(getattr(trainer, "get_batch_samples", None)) else None
+
+    def step_ended(self) -> float:
+        """The seconds waited for data since the last step's end: the fetch of this step's micro-batches."""
+        waited, self.waited = self.waited, 0.0
+        return waited
+
+
+class _TimedIterator:
+    def __init__(self, inner: Any, clock: FetchClock) -> None:
+        self.inner, self.clock = inner, clock
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self.inner)
+        finally:
+            self.clock.waited += time.perf_counter() - start
+
+
 @dataclass
 class NodePace:
-    """A rank: times its training forwards and writes its pace (rundir/pace.py) at each step's end."""
+    """A rank: times its training forwards and its data waits, and writes its pace (rundir/pace.py) at each
+    step's end."""
 
     writer: PaceWriter
     clock: ForwardClock
+    fetch: FetchClock | None = None
 
     @classmethod
-    def attach(cls, model: Any, args: Any) -> NodePace | None:
+    def attach(cls, model: Any, args: Any, trainer: Any = None) -> NodePace | None:
         """On every rank under the wrapper; None without it, and where forwards do not time a node's own
         compute (said once in each node's log, by its local rank 0)."""
         writer = PaceWriter.from_environ()
@@ -114,9 +161,11 @@ class NodePace:
             if writer.local_rank == 0:
                 print(f"[swiftslurm] slow nodes are not detected in this run: {why} (docs/resilience.md)", flush=True)
             return None
-        return cls(writer, ForwardClock(model))
+        return cls(writer, ForwardClock(model), FetchClock.attach(trainer) if trainer is not None else None)
 
     def step_ended(self, step: int) -> None:
+        if self.fetch is not None:
+            self.writer.data_waited(self.fetch.step_ended())
         self.clock.step_ended(step)
         for done, seconds in self.clock.done_steps():
             self.writer.step_ended(done, seconds)

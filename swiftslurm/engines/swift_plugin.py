@@ -75,7 +75,8 @@ class CommitCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._committer.train_begun(state.global_step)  # after the resume checkpoint was loaded
-        self._pace = NodePace.attach(kwargs.get("model"), args)  # the unwrapped model: inside DDP's wrapper
+        # the unwrapped model (inside DDP's wrapper); the trainer, whose fetches of the next batches are timed
+        self._pace = NodePace.attach(kwargs.get("model"), args, self.trainer)
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -11,8 +11,8 @@
                      waiting and concludes (preempted, timed out: requeue)
     | UNRESTORED     the object store could not be read and the local checkpoints are behind it: no trainer
                      starts; the leader concludes (infra: requeue with back-off)
-    | STANDBY        a spare (`resilience.spare_nodes`: not on the attempt's roster): no trainer; it waits for
-                     the attempt's outcome and joins the next attempt when it is on its roster, stands by
+    | STANDBY        a spare (`resilience.spare_nodes`: not on the attempt's roster): no trainer; it beats and
+                     waits for the attempt's outcome and joins the next attempt when it is on its roster, stands by
                      again when it is still a spare, else DONE
     CONCLUDE         leader: classify, history, decide, attempts.jsonl and status.json; publish the outcome
     | AWAIT_OUTCOME  the others: wait for it (outcome.py); restart: the next attempt, else DONE
@@ -227,10 +227,12 @@ def _record_peer_failure(a: Attempt, error: Exception) -> None:
 
 def _record_phase(a: Attempt) -> None:
     """status.json says which phase the leader's attempt has reached, so a reader sees where it is (the
-    leader alone writes status.json; PREPARE is not recorded, it ends by writing the status afresh)."""
+    leader alone writes status.json; PREPARE is not recorded, it ends by writing the status afresh), and which
+    hosts stand by as spares meanwhile (`status` reads their heartbeats)."""
     if a.leader and a.lease is not None:
         a.lease.check(f"record phase {a.phase.value}")  # also the heartbeat
-        records.update_status(a.run_dir, phase=a.phase.value)
+        spares = {"spares": list(a.spares)} if a.spares else {}
+        records.update_status(a.run_dir, phase=a.phase.value, **spares)
 
 
 def _prepare(a: Attempt) -> Phase:
@@ -280,8 +282,9 @@ def _take_place(a: Attempt, roster: tuple[str, ...], spares: tuple[str, ...]) ->
 
 def _stand_by(a: Attempt) -> Phase:
     """A spare: no trainer, no GPU memory; it waits (polling slowly) for node 0's word on the attempt."""
-    print(f"[swiftslurm] attempt {a.id}: {own_host(a.allocation or a.where)} stands by as a spare", flush=True)
-    said = outcome.wait_as_spare(attempt_dir(a.run_dir, a.id), a.nonce, a.stopped)
+    host = own_host(a.allocation or a.where)
+    print(f"[swiftslurm] attempt {a.id}: {host} stands by as a spare", flush=True)
+    said = outcome.wait_as_spare(attempt_dir(a.run_dir, a.id), a.nonce, a.stopped, host)
     return _follow(a, said)
 
 

@@ -30,6 +30,7 @@ from swiftslurm.node.resume import publish_failure
 from swiftslurm.node.watch import Observed, hang_line, node_log_path
 from swiftslurm.plan import JobPlan
 from swiftslurm.rundir import lease, records
+from swiftslurm.rundir.beat import STALE_S, spare_silences
 from swiftslurm.rundir.layout import QUARANTINE, attempt_dir, node_log, plan_file, preflight_report, resume_file
 from swiftslurm.rundir.lease import Lease, job_alive
 from swiftslurm.rundir.records import CONCLUDED_KEYS, AttemptRecord, is_cancelled
@@ -93,7 +94,11 @@ def conclude(
     # Never restarted in place after an outage of the store: a requeue's back-off gives it time to come back.
     here = attempt_dir(run_dir, attempt)
     swapped = swap.hosts(observed.swap) if observed.swap else ()
-    allocation = None if observed.unrestored else _allocation(here, hosts, reason, blamed, restarts, spares, swapped)
+    allocation = (
+        None
+        if observed.unrestored
+        else _allocation(here, hosts, reason, blamed, restarts, spares, observed.started, swapped)
+    )
     slack = _partition_slack(plan)
     decision = decide.decide(reason, explanation, history, _budget(plan), time.time(), slack, allocation)
     shape = AttemptShape.of(where, plan)
@@ -430,31 +435,47 @@ def _allocation(
     reason: decide.Reason,
     blamed: tuple[str, str] | None,
     restarts: int,
-    spares: tuple[str, ...] = (),
+    spares: tuple[str, ...],
+    since: float,
     swapped: tuple[str, ...] = (),
 ) -> decide.Allocation | None:
     """What a restart in place needs to know (None when it cannot be one: not a SWAPPABLE reason). Every
     node is alive when none is blamed and each wrote its result: its wrapper is there to start the next
     attempt (a peer's trainer ends at once when another's fails: watch.py). With spares, the blamed host is
-    lost when it is the only one without a result (or wrote one: its own GPU fault): a spare may take its place;
-    so is each straggler ``swapped`` out (swap.py): alive, but it trains no more in this allocation."""
+    lost when it is the only one without a result (or wrote one: its own GPU fault): a spare may take its place,
+    if SLURM does not report it down and its wrapper has beaten lately (since ``since``, the attempt's start); so
+    is each straggler ``swapped`` out (swap.py): alive, but it trains no more in this allocation."""
     if reason not in decide.SWAPPABLE:
         return None
     if reason is decide.Reason.STRAGGLER:  # every other node must be there to restart (a silent one: requeue)
         silent = records.silent_hosts(attempt_dir, hosts, SILENT_HOST_WAIT_S)
         lost = tuple(host for host in swapped if host in hosts) if set(silent) <= set(swapped) else ()
-        return decide.Allocation(not silent, restarts, hosts, _spares_up(spares) if lost else spares, lost)
+        if not lost:
+            return decide.Allocation(not silent, restarts, hosts, spares, lost)
+        live, quiet = _callable_spares(attempt_dir, spares, since)
+        return decide.Allocation(not silent, restarts, hosts, live, lost, silent_spares=quiet)
     # A blamed host was found after the results had SILENT_HOST_WAIT_S to come (`_blame`): no second wait.
     silent = records.silent_hosts(attempt_dir, hosts, 0.0 if blamed else SILENT_HOST_WAIT_S)
     alive = blamed is None and not silent
     lost = (blamed[0],) if spares and blamed and set(silent) <= {blamed[0]} else ()
-    standing = _spares_up(spares) if lost else spares
-    return decide.Allocation(all_alive=alive, restarts=restarts, roster=hosts, spares=standing, lost=lost)
+    if not lost:
+        return decide.Allocation(all_alive=alive, restarts=restarts, roster=hosts, spares=spares)
+    live, quiet = _callable_spares(attempt_dir, spares, since)
+    return decide.Allocation(alive, restarts, hosts, live, lost, silent_spares=quiet)
+
+
+def _callable_spares(
+    attempt_dir: Path, spares: tuple[str, ...], since: float
+) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
+    """The spares node 0 may call in (SLURM does not report them down, their wrappers beat lately), and those
+    skipped as silent."""
+    up = _spares_up(spares)
+    return decide.live_spares(up, spare_silences(attempt_dir, up, time.time(), since), STALE_S)
 
 
 def _spares_up(spares: tuple[str, ...]) -> tuple[str, ...]:
-    """The spares SLURM does not report down (a spare writes nothing while it stands by: SLURM is the one to
-    ask before one is called in; when SLURM cannot say, all of them)."""
+    """The spares SLURM does not report down (when SLURM cannot say, all of them): a node that is down takes
+    its spare's wrapper with it; one that is up may have lost it all the same (its heartbeat says)."""
     if not spares:
         return ()
     states = _node_states(list(spares))

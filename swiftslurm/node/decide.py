@@ -493,6 +493,18 @@ class Allocation:
     roster: tuple[str, ...] = ()  # the attempt's training hosts, in node-rank order (roster[0]: node 0)
     spares: tuple[str, ...] = ()  # the hosts standing by (`resilience.spare_nodes`) that have not trained yet
     lost: tuple[str, ...] = ()  # training hosts lost with evidence (`blame`); every other one wrote its result
+    # Spares never called in: (host, seconds its wrapper has not beaten), from `live_spares`; still left after.
+    silent_spares: tuple[tuple[str, float], ...] = ()
+
+
+def live_spares(
+    spares: tuple[str, ...], silences: Mapping[str, float], stale_s: float
+) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
+    """The spares whose wrapper beat within ``stale_s`` (in their order), and the others with their silence: SLURM
+    reports a node up whatever became of the wrapper on it, and a spare without one would fail the restart it was
+    called into. ``silences``: seconds since each spare's last beat; a spare it does not name counts as live."""
+    live = tuple(host for host in spares if silences.get(host, 0.0) <= stale_s)
+    return live, tuple((host, silences[host]) for host in spares if host not in live)
 
 
 # Reasons that may restart in place: a crash, a NCCL error, a hang (classified INFRA). A stop signal means
@@ -550,19 +562,28 @@ def swap_in_spares(decision: Decision, allocation: Allocation, budget: Budget) -
     if decision.action is not Action.REQUEUE or decision.reason not in SWAPPABLE:
         return decision
     roster = next_roster(allocation.roster, allocation.lost, allocation.spares)
+    silent = silent_phrase(allocation.silent_spares)
     if roster is None:
         short = f"{len(allocation.spares)} spare(s) left for {len(allocation.lost)} lost node(s)"
-        return replace(decision, why=f"{decision.why}; no restart onto a spare: {short}")
+        return replace(decision, why=f"{decision.why}; no restart onto a spare: {short}{silent}")
     if allocation.restarts >= budget.max_restarts:
         spent = f"the {budget.max_restarts} restarts in place of this allocation are spent (`resilience.max_restarts`)"
         return replace(decision, why=f"{decision.why}; {spent}")
     joined = tuple(host for host in roster if host not in allocation.roster)
-    left = tuple(host for host in allocation.spares if host not in joined)
+    # A silent spare stays among those left: node 0 asks again at the next loss (its wrapper may beat again).
+    quiet = tuple(host for host, _ in allocation.silent_spares)
+    left = tuple(host for host in (*allocation.spares, *quiet) if host not in joined)
     swaps = ", ".join(f"{old} -> {new}" for old, new in zip(allocation.roster, roster, strict=True) if old != new)
     why = decision.why.partition("; requeued")[0]
     number = allocation.restarts + 1
     how = f"restarted in place on a spare ({swaps}; {len(left)} spare(s) left; {number} of {budget.max_restarts})"
-    return Decision(Action.RESTART, decision.reason, f"{why}; {how}", roster=roster, spares=left)
+    return Decision(Action.RESTART, decision.reason, f"{why}; {how}{silent}", roster=roster, spares=left)
+
+
+def silent_phrase(silent_spares: tuple[tuple[str, float], ...]) -> str:
+    """'; spare not called in, its wrapper silent: n3 for 200 s' (empty without silent spares)."""
+    named = ", ".join(f"{host} for {seconds:.0f} s" for host, seconds in silent_spares)
+    return f"; spare not called in, its wrapper silent: {named}" if named else ""
 
 
 def restart_in_place(decision: Decision, allocation: Allocation, budget: Budget) -> Decision:

@@ -1,4 +1,4 @@
-"""Node 0's liveness while the other nodes wait for its resume point (swiftslurm.node.resume).
+"""The wrappers' heartbeats: node 0's while the other nodes wait for its word, and each spare's while it stands by.
 
 Restoring a large checkpoint from object storage takes as long as it takes (~250 GB: well over 15 minutes),
 so the other nodes do not wait a fixed time. A small thread on node 0 rewrites logs/<attempt>/leader.json
@@ -6,6 +6,11 @@ every BEAT_S with what it is doing and, while it downloads, the bytes so far. Th
 file is fresh and give up once it is STALE_S old (node 0 died, hangs, or lost the run dir), saying what
 node 0 was last doing. Staleness is judged from the time node 0 wrote into the file against the reader's
 clock: a cluster's clocks agree to well under a second, STALE_S is minutes.
+
+A spare (`resilience.spare_nodes`) beats too while it stands by (`beat_as_spare`, from its wait: outcome.py),
+so node 0 calls in only a spare whose wrapper is there to join (conclude.py): SLURM reports a node up whatever
+became of the wrapper on it. The lease (rundir/lease.py) asks nothing of the spares: it fences the one job
+that changes the run dir, and a spare changes nothing there but its own heartbeat.
 """
 
 from __future__ import annotations
@@ -19,12 +24,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from swiftslurm.rundir.beat import describe_leader_beat, every, read_leader_beat
+from swiftslurm.rundir.beat import BEAT_S, STALE_S, describe_leader_beat, every, read_leader_beat
 from swiftslurm.rundir.jsonio import write_json_atomic
 
 log = logging.getLogger("swiftslurm.heartbeat")
-BEAT_S = 5.0  # how often node 0 rewrites its heartbeat
-STALE_S = 180.0  # a heartbeat this old means node 0 is gone; far above NFS attribute caching (~60 s at most)
 GiB = 1 << 30
 
 
@@ -88,3 +91,14 @@ def leader_silence(path: Path, now: float, waiting_since: float) -> str | None:
         return None
     where = f"{beat.get('host', '?')}, pid {beat.get('pid', '?')}"
     return f"node 0 ({where}) stopped its heartbeat {age:.0f} s ago, while {describe_leader_beat(beat)}"
+
+
+def beat_as_spare(path: Path) -> None:
+    """A standing-by spare's heartbeat (rundir/beat.py: spare_silences), rewritten whole and not flushed to disk:
+    nothing of it has to survive a crash. A missed beat is tolerated, as node 0's is (STALE_S is many beats)."""
+    beat = {"host": socket.gethostname(), "pid": os.getpid(), "updated": round(time.time(), 3)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, beat, durable=False)
+    except OSError as err:
+        log.warning(f"[swiftslurm] could not write the spare's heartbeat {path}: {err}")

@@ -6,7 +6,8 @@ run's nonce. "restart" names the next attempt, which every node then starts insi
 
 With spares (`resilience.spare_nodes`) a restart also names its roster (the training hosts in node-rank order)
 and the spares left: a node on the roster trains in the next attempt, a spare stands by for it (`wait_as_spare`),
-any other node (a lost one whose wrapper lives on) exits."""
+any other node (a lost one whose wrapper lives on) exits. A spare beats while it stands by (heartbeat.py): node 0
+calls in only a spare whose beat is fresh."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from swiftslurm.node.heartbeat import leader_silence
+from swiftslurm.node.heartbeat import beat_as_spare, leader_silence
 from swiftslurm.node.watch import wait_pause
+from swiftslurm.rundir.beat import BEAT_S
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
-from swiftslurm.rundir.layout import LEADER_BEAT, OUTCOME
+from swiftslurm.rundir.layout import LEADER_BEAT, OUTCOME, spare_beat_file
 
 END = "end"
 
@@ -65,16 +67,20 @@ def _ours(path: Path, nonce: str | None) -> Outcome | None:
 SPARE_POLL_S = 2.0  # a spare looks for the attempt's outcome this often: one small read, for hours on end
 
 
-def wait_as_spare(attempt_dir: Path, nonce: str | None, stopped: Callable[[], bool]) -> Outcome:
+def wait_as_spare(attempt_dir: Path, nonce: str | None, stopped: Callable[[], bool], host: str) -> Outcome:
     """A spare's wait through a whole attempt it does not train in: node 0's word on it, or END once a stop
     signal came (SLURM's signals reach every task, spares too) or node 0 has gone silent (its heartbeat,
-    written through the attempt while the run has spares: attempt.py)."""
-    path, waiting_since = attempt_dir / OUTCOME, time.time()
+    written through the attempt while the run has spares: attempt.py). Meanwhile it beats as ``host`` (the
+    name node 0 knows it by) about every BEAT_S, from this loop: a wrapper stuck elsewhere beats no more."""
+    path, waiting_since, beat_at = attempt_dir / OUTCOME, time.time(), 0.0
     while (found := _ours(path, nonce)) is None:
         if stopped():
             return Outcome(END)
         if (silence := leader_silence(attempt_dir / LEADER_BEAT, time.time(), waiting_since)) is not None:
             print(f"[swiftslurm] {silence}; it has not published {path}: this spare ends", flush=True)
             return Outcome(END)
+        if time.time() - beat_at >= BEAT_S:
+            beat_at = time.time()
+            beat_as_spare(spare_beat_file(attempt_dir, host))
         time.sleep(SPARE_POLL_S)
     return found

@@ -20,16 +20,19 @@ from swiftslurm.ops.accounting import STATUS_ASKS, run_ledger
 from swiftslurm.ops.ledger import Ledger
 from swiftslurm.ops.submission import submission, superseded
 from swiftslurm.plan import PlanGlance
+from swiftslurm.rundir.beat import STALE_S, spare_silences
 from swiftslurm.rundir.jsonio import read_json
 from swiftslurm.rundir.layout import (
     SYNC_STATE,
     attempt_dir,
     logs_dir,
     output_dir,
+    pace_dir,
     slurm_log,
     stragglers_file,
 )
 from swiftslurm.rundir.metrics import read_latest
+from swiftslurm.rundir.pace import read_paces
 from swiftslurm.rundir.records import (
     AttemptRecord,
     is_cancelled,
@@ -101,8 +104,14 @@ class RunFacts:
     spares_left: int | None = None  # hosts still standing by (resilience.spare_nodes); None: the run has none
     # (host taken off, the spare in its place, why: "lost" or "straggler"), oldest first
     swaps: tuple[tuple[str, str, str], ...] = ()
+    # While the run runs, each spare standing by: host, silent_s (since its wrapper's last beat), alive (within
+    # STALE_S: node 0 would call it in); see `standing_spares`
+    spare_beats: tuple[dict[str, Any], ...] = ()
     # The nodes named slow in the newest attempt (node/stragglers.py): node, host, ratio, since, since_step, step
     stragglers: tuple[dict[str, Any], ...] = ()
+    # Each node's published pace in the newest attempt (rundir/pace.py): node, forward_s, data_s (None: not
+    # timed), step; see `newest_paces`
+    paces: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         facts = asdict(self)
@@ -159,6 +168,7 @@ def gather(
     committed = newest_manifest(output_dir(run_dir))
     batch = plan.batch.global_ if plan.batch else None
     spent = run_ledger(run_dir, plan, jobs, running=state == "running", recorded=attempts)
+    standing = standing_spares(run_dir, state, time.time())
     return RunFacts(
         run_dir=str(run_dir),
         run_name=plan.run_name or run_dir.name,
@@ -175,9 +185,11 @@ def gather(
         goodput=spent.goodput,
         storage=read_json(run_dir / SYNC_STATE),
         ledger=spent if spent.allocated_s > 0 else None,
-        spares_left=spares_left(attempts),
+        spares_left=len(standing) if standing else spares_left(attempts),
         swaps=tuple((old, new, record.swap_why or "lost") for record in attempts for old, new in record.swaps),
+        spare_beats=standing,
         stragglers=newest_stragglers(run_dir, attempts),
+        paces=newest_paces(run_dir, attempts),
     )
 
 
@@ -190,10 +202,40 @@ def spares_left(attempts: list[AttemptRecord]) -> int | None:
     return len(newest.spares) - len(newest.swaps)
 
 
+def standing_spares(run_dir: Path, state: str, now: float) -> tuple[dict[str, Any], ...]:
+    """While the run runs, each spare standing by in its attempt (status.json's `spares`, written by node 0) with
+    the seconds its wrapper has been silent at ``now`` (rundir/beat.py, from the open attempt's start for one that
+    has not beaten yet) and whether that is within STALE_S, as node 0 asks before it calls a spare in."""
+    status = read_status(run_dir) or {}
+    hosts, attempt = status.get("spares"), status.get("attempt")
+    if state != "running" or not isinstance(hosts, list) or not hosts or not attempt:
+        return ()
+    opened = read_open_attempt(run_dir)
+    since = opened.start if opened is not None and opened.attempt == attempt and opened.start else 0.0
+    silences = spare_silences(attempt_dir(run_dir, str(attempt)), map(str, hosts), now, since)
+    return tuple({"host": host, "silent_s": round(s, 1), "alive": s <= STALE_S} for host, s in silences.items())
+
+
+def newest_paces(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:
+    """Each node's pace in the run's newest attempt (pace/node<N>.json, by its local rank 0), by node: the median
+    forward and data-loader wait per step of its slowest rank's recent steps."""
+    newest = _newest_attempt(run_dir, attempts)
+    paces = read_paces(pace_dir(attempt_dir(run_dir, newest))) if newest else {}
+    return tuple(
+        {"node": node, "forward_s": pace.forward_s, "data_s": pace.data_s, "step": pace.step}
+        for node, pace in sorted(paces.items())
+    )
+
+
+def _newest_attempt(run_dir: Path, attempts: list[AttemptRecord]) -> str | None:
+    """The attempt running now, else the newest recorded one."""
+    running = read_open_attempt(run_dir)
+    return running.attempt if running else attempts[-1].attempt if attempts else None
+
+
 def newest_stragglers(run_dir: Path, attempts: list[AttemptRecord]) -> tuple[dict[str, Any], ...]:
     """The nodes named slow in the run's newest attempt (node 0's stragglers.json), while it runs and after."""
-    running = read_open_attempt(run_dir)
-    newest = running.attempt if running else attempts[-1].attempt if attempts else None
+    newest = _newest_attempt(run_dir, attempts)
     report = read_json(stragglers_file(attempt_dir(run_dir, newest))) if newest else None
     named = (report or {}).get("stragglers")
     return tuple(s for s in named if isinstance(s, dict)) if isinstance(named, list) else ()

@@ -84,6 +84,20 @@ def straggler_line(straggler: dict[str, Any]) -> str:
     return text + ("; excluded from the next requeue" if straggler.get("exclude") else "")
 
 
+# A node's data-loader wait worth a line under the table: below it (a prefetching loader's usual few ms) says nothing.
+DATA_WAIT_SHOWN_S = 0.05
+
+
+def data_wait_line(facts: RunFacts) -> str | None:
+    """'data-loader wait per step (median of recent steps; shown, not judged): node 0 0.002 s, node 1 0.310 s',
+    once any node's is at least DATA_WAIT_SHOWN_S."""
+    waits = [(pace["node"], pace["data_s"]) for pace in facts.paces if pace.get("data_s") is not None]
+    if not any(seconds >= DATA_WAIT_SHOWN_S for _, seconds in waits):
+        return None
+    each = ", ".join(f"node {node} {seconds:.3f} s" for node, seconds in waits)
+    return f"data-loader wait per step (median of recent steps; shown, not judged): {each}"
+
+
 def last_not_uploaded(facts: RunFacts) -> bool:
     """Whether the run's newest committed checkpoint waits for its upload (sync.json lists it pending)."""
     return facts.committed_step is not None and facts.committed_step in (facts.storage or {}).get("pending", [])
@@ -121,11 +135,22 @@ def row(facts: RunFacts, label: str | None = None) -> list[str]:
 
 
 def spares_line(facts: RunFacts) -> str | None:
-    """The run's spares (`resilience.spare_nodes`): how many still stand by, and each swap so far."""
+    """The run's spares (`resilience.spare_nodes`): how many still stand by (while it runs, each one's
+    heartbeat), and each swap so far."""
     if facts.spares_left is None:
         return None
     swaps = ", ".join(f"{old} -> {spare} ({why})" for old, spare, why in facts.swaps) or "none"
-    return f"spares: {facts.spares_left} standing by; nodes replaced by a spare: {swaps}"
+    beats = ", ".join(map(spare_beat_phrase, facts.spare_beats))
+    standing = f"{facts.spares_left} standing by" + (f" ({beats})" if beats else "")
+    return f"spares: {standing}; nodes replaced by a spare: {swaps}"
+
+
+def spare_beat_phrase(beat: dict[str, Any]) -> str:
+    """'node3: beat 4 s ago', or 'node3: SILENT for 240 s, not called in'."""
+    seconds = float(beat.get("silent_s", 0))
+    if beat.get("alive"):
+        return f"{beat.get('host')}: beat {seconds:.0f} s ago"
+    return f"{beat.get('host')}: SILENT for {seconds:.0f} s, not called in"
 
 
 def table(rows: list[list[str]]) -> str:
@@ -143,6 +168,8 @@ def render(facts: list[RunFacts], slurm: SlurmView | None, path: Path | None = N
         if (spares := spares_line(f)) is not None:
             lines.append(f"  {name}: {spares}")
         lines += [f"  {name}: {straggler_line(s)}" for s in f.stragglers]
+        if (waits := data_wait_line(f)) is not None:
+            lines.append(f"  {name}: {waits}")
     if slurm is not None and not slurm.available:
         lines.append(f"SLURM unavailable ({slurm.error}): states come from the run directories only.")
     if slurm is not None and slurm.accounting_error:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from swiftslurm.rundir.jsonio import peek_json, write_json_atomic
+from swiftslurm.rundir.layout import spare_beat_file
 
 PROGRESS_ENV = "SWIFTSLURM_PROGRESS"  # set by the wrapper (watch.py): where global rank 0 writes its beat
 
@@ -143,6 +144,12 @@ class ProgressWatch:
         return now - (self.beat.t if self.beat else self.started)
 
 
+# The wrappers' own heartbeats (written by node/heartbeat.py): node 0's while the others wait for its word, and
+# each spare's while it stands by. Their ages are judged against the reader's clock: a cluster's clocks agree to
+# well under a second, STALE_S is minutes.
+BEAT_S = 5.0  # how often a wrapper rewrites its heartbeat
+STALE_S = 180.0  # a heartbeat this old means its wrapper is gone; far above NFS attribute caching (~60 s at most)
+
 # Node 0's heartbeat while it chooses the resume point (logs/<attempt>/leader.json, written by
 # node/heartbeat.py's LeaderBeat): `doing`, and `bytes` of `total` during a download. Read here, by the other
 # nodes waiting for it and by `wait=true` saying what the run waits for.
@@ -161,6 +168,23 @@ def describe_leader_beat(beat: dict[str, Any]) -> str:
     if beat.get("total"):
         return f"{doing} ({beat.get('bytes', 0) / GiB:.1f} of {beat['total'] / GiB:.1f} GiB)"
     return doing
+
+
+# A spare's heartbeat while it stands by (logs/<attempt>/spares/<host>.json, written by node/heartbeat.py's
+# beat_as_spare about every BEAT_S): its wrapper is there to join the next attempt. Read by node 0 before it
+# calls a spare in (node/conclude.py) and by `status`.
+
+
+def spare_silences(attempt_dir: Path, spares: Iterable[str], now: float, since: float) -> dict[str, float]:
+    """Seconds each spare's wrapper has been silent at ``now``: since its last beat in ``attempt_dir``, or since
+    ``since`` (when the attempt began) for one without a beat from then on (none yet, or an earlier job's)."""
+    return {host: now - max(_spare_beat_at(spare_beat_file(attempt_dir, host)), since) for host in spares}
+
+
+def _spare_beat_at(path: Path) -> float:
+    """When the spare's wrapper last beat (0: never, or its beat cannot be read just now: being replaced)."""
+    updated = (peek_json(path) or {}).get("updated")
+    return float(updated) if isinstance(updated, int | float) else 0.0
 
 
 @contextmanager

@@ -32,7 +32,8 @@
                          pace/node<N>.json (node N's local rank 0: the median forward time of its slowest rank's recent
                          training steps; rundir/pace.py), stragglers.json (node 0: the nodes named slower than
                          the others, by how much, since when; node/stragglers.py), swap.json (node 0: stop at a
-                         checkpoint, a straggler is swapped for a spare; node/swap.py)
+                         checkpoint, a straggler is swapped for a spare; node/swap.py), spares/<host>.json (the
+                         heartbeat of a spare standing by through the attempt: rundir/beat.py)
       accounting.json    `status`'s cache of SLURM's accounting of the run's jobs (swiftslurm/ops/accounting.py)
       preflight/         job.sbatch, slurm-%j.out, <attempt>/report.json, rank<N>.json, rank<N>.token
       output/            the trainer's output dir: checkpoint-<step>/, quarantine/, logging.jsonl
@@ -94,6 +95,8 @@ PACE = "pace"  # in logs/<attempt>/: each node's pace, written by its local rank
 PACE_FILE = "node{node}.json"  # in logs/<attempt>/pace/
 STRAGGLERS = "stragglers.json"  # in logs/<attempt>/: node 0's named stragglers (node/stragglers.py)
 SWAP = "swap.json"  # in logs/<attempt>/: node 0's request that every node stop at a checkpoint (node/swap.py)
+SPARE_BEATS = "spares"  # in logs/<attempt>/: each standing-by spare's heartbeat (rundir/beat.py)
+SPARE_BEAT_FILE = "{host}.json"  # in logs/<attempt>/spares/: named by the host as SLURM lists it
 STACKS = "stacks"  # in logs/<attempt>/: one file per rank, written by the rank itself (faulthandler)
 STACK_FILE = "rank{rank}.txt"  # in logs/<attempt>/stacks/
 PREFLIGHT = "preflight"
@@ -211,6 +214,10 @@ def stragglers_file(attempt_dir: Path) -> Path:
 
 def swap_file(attempt_dir: Path) -> Path:
     return attempt_dir / SWAP
+
+
+def spare_beat_file(attempt_dir: Path, host: str) -> Path:
+    return attempt_dir / SPARE_BEATS / SPARE_BEAT_FILE.format(host=host)
 
 
 def stacks_dir(attempt_dir: Path) -> Path:

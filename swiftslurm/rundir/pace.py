@@ -2,7 +2,7 @@
 
 logs/<attempt>/pace/node<N>.json (the wrapper passes the path in PACE_ENV) holds one small object:
 
-    {"node": 1, "rank": 3, "forward_s": 0.0412, "steps": 15, "step": 230, "t": 1767000000.5}
+    {"node": 1, "rank": 3, "forward_s": 0.0412, "steps": 15, "step": 230, "t": 1767000000.5, "data_s": 0.0021}
 
 Each rank's pace is the median, over its last RECENT_STEPS training steps, of the time it spent in the model's
 forward during each step (every micro-batch's); every rank writes its own in a node-local folder
@@ -14,6 +14,10 @@ so it cannot name a slow node; a forward of the unwrapped model (DDP, LoRA) hold
 is the rank's own compute, measured on its node's own clock: a slow GPU or CPU lengthens it, nothing else does.
 Evaluations do not count (only forwards while the model trains); saves hold no forward; one slow step is one
 sample of RECENT_STEPS and moves no median. Node 0's wrapper compares the nodes (node/stragglers.py).
+
+``data_s`` (absent where the engine's fetches are not timed: engines/forward_clock.py, FetchClock): the median,
+over the same recent steps, of the seconds a rank waited for its data loader before each step; the node's is its
+slowest rank's. It is shown (`status`), never judged: the forwards alone name a straggler.
 
 Written at most every PUBLISH_S (not every step: at 128 nodes the run dir's traffic matters), replaced whole
 (temp file, rename, no fsync). Only the standard library and rundir's own modules here: every rank imports it.
@@ -53,8 +57,10 @@ class Pace:
     step: int  # the newest step it includes
     t: float  # when it was written, on that node's clock (never compared with another node's)
     rank: int = 0  # the local rank it is of: in the run dir, the node's slowest
+    data_s: float | None = None  # median seconds waited for the data loader per step (None: not timed)
 
     def as_dict(self) -> dict[str, object]:
+        data = {} if self.data_s is None else {"data_s": round(self.data_s, 6)}
         return {
             "node": self.node,
             "rank": self.rank,
@@ -62,6 +68,7 @@ class Pace:
             "steps": self.steps,
             "step": self.step,
             "t": round(self.t, 3),
+            **data,
         }
 
 
@@ -74,7 +81,9 @@ def read_pace(path: Path) -> Pace | None:
     if not isinstance(t, (int, float)) or forward <= 0:
         return None
     rank = data.get("rank") if isinstance(data.get("rank"), int) else 0
-    return Pace(int(node), float(forward), int(steps), int(step), float(t), int(rank))  # type: ignore[arg-type]
+    waited = data.get("data_s")
+    waited = float(waited) if isinstance(waited, (int, float)) and waited >= 0 else None
+    return Pace(int(node), float(forward), int(steps), int(step), float(t), int(rank), waited)  # type: ignore[arg-type]
 
 
 def read_paces(folder: Path) -> dict[int, Pace]:
@@ -104,9 +113,11 @@ def local_paces(folder: Path | None) -> list[Pace]:
 
 def slowest(own: Pace, folder: Path | None) -> Pace:
     """``own`` (local rank 0's), or the slowest local rank's pace in ``folder`` with ``own``'s step and time: one
-    slow GPU of eight names its node."""
-    worst = max([own, *local_paces(folder)], key=lambda pace: pace.forward_s)
-    return replace(own, forward_s=worst.forward_s, rank=worst.rank)
+    slow GPU of eight names its node. Its data wait is the longest of any local rank's."""
+    paces = [own, *local_paces(folder)]
+    worst = max(paces, key=lambda pace: pace.forward_s)
+    waits = [pace.data_s for pace in paces if pace.data_s is not None]
+    return replace(own, forward_s=worst.forward_s, rank=worst.rank, data_s=max(waits) if waits else None)
 
 
 @dataclass
@@ -122,6 +133,7 @@ class PaceWriter:
     local_rank: int = 0
     clock: Callable[[], float] = time.time
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    recent_data: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # data waits, per step
     published_at: float = float("-inf")
     timed: int = 0  # steps timed by this trainer, its warm-up included
     _warned: bool = False
@@ -137,6 +149,11 @@ class PaceWriter:
     def active(self) -> bool:
         return self.path is not None or self.local is not None
 
+    def data_waited(self, seconds: float) -> None:
+        """A step's wait for its data (FetchClock), past the warm-up as the forwards are: published beside them."""
+        if self.active and self.timed >= WARMUP_STEPS:
+            self.recent_data.append(seconds)
+
     def step_ended(self, step: int, forward_s: float) -> None:
         if not self.active or forward_s <= 0:
             return
@@ -147,7 +164,8 @@ class PaceWriter:
         if len(self.recent) < RECENT_STEPS or (now := self.clock()) - self.published_at < PUBLISH_S:
             return
         self.published_at = now
-        own = Pace(self.node, statistics.median(self.recent), len(self.recent), step, now, self.local_rank)
+        waited = statistics.median(self.recent_data) if self.recent_data else None
+        own = Pace(self.node, statistics.median(self.recent), len(self.recent), step, now, self.local_rank, waited)
         if self.local is not None:
             self.write(self.local / LOCAL_PACE_FILE.format(rank=self.local_rank), own)
         if self.path is not None:

@@ -2,7 +2,9 @@
 real ms-swift: a job of 3 nodes trains on 2 while the third stands by; once the first checkpoint is committed,
 training node 1 is lost as if it lost power (its slurmd, its wrapper and its trainer killed with -9). The run
 goes on inside the same job (one run in `sacct`, SLURM_RESTART_COUNT 0) on node 0 and the spare, from that
-commit, at the same world size, and ends with the very adapter of a run never interrupted."""
+commit, at the same world size, and ends with the very adapter of a run never interrupted. Meanwhile the spare
+beats, and `status` shows it alive. (A spare whose wrapper died is skipped only once its beat is 180 s old: shown
+by tests/component/test_spares.py with a real wrapper process, not here, where it would add minutes.)"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from swiftslurm.ckpt.checkpoint import checkpoint_step, newest_committed
 from swiftslurm.ops.runs import gather
+from swiftslurm.rundir.layout import attempt_dir, spare_beat_file
 from swiftslurm.rundir.records import read_status
 from swiftslurm.testing.cluster import (
     attempts,
@@ -54,6 +57,10 @@ def test_a_lost_training_node_is_replaced_by_the_spare_inside_the_same_job(
         hosts = job_hosts(job)  # SLURM's order: node 0 and node 1 train, the third stands by
         assert len(hosts) == 3, hosts
         wait_until(lambda: committed_step(run_dir) >= FIRST_SAVE, 300, "the first commit", over=over)
+        # The spare's wrapper beats while it stands by, and `status` shows it (node 0 names it in status.json).
+        assert spare_beat_file(attempt_dir(run_dir, first), hosts[2]).is_file(), "the spare wrote no heartbeat"
+        standing = gather(run_dir).spare_beats
+        assert [(beat["host"], beat["alive"]) for beat in standing] == [(hosts[2], True)], standing
         lost = lost_host = hosts[1]
         lose_node(lost)
         lost_at = time.time()

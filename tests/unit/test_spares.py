@@ -4,22 +4,28 @@ refusals, its line and its sbatch flags, and the ledger's and status's view of t
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
 from swiftslurm.ckpt.checkpoint import ResumePoint
 from swiftslurm.errors import ConfigError, NodeError
 from swiftslurm.node import attempt, conclude, decide, outcome
+from swiftslurm.node.heartbeat import beat_as_spare
 from swiftslurm.node.watch import Observed
 from swiftslurm.ops import accounting, ledger
-from swiftslurm.ops.runs import spares_left
+from swiftslurm.ops.runs import gather, spares_left, standing_spares
+from swiftslurm.ops.status import spares_line
 from swiftslurm.plan import JobPlan
 from swiftslurm.render import render_sbatch
-from swiftslurm.rundir.beat import ProgressWatch
-from swiftslurm.rundir.layout import attempt_dir
-from swiftslurm.rundir.records import AttemptRecord
+from swiftslurm.rundir import records
+from swiftslurm.rundir.beat import STALE_S, ProgressWatch, spare_silences
+from swiftslurm.rundir.jsonio import write_json_atomic
+from swiftslurm.rundir.layout import attempt_dir, spare_beat_file
+from swiftslurm.rundir.records import AttemptRecord, read_status
 from swiftslurm.signals import SignalLog
 from swiftslurm.slurm_env import JOB_RUN_ENV, SlurmEnv, check_allocation, first_roster, on_roster, rank_env
 from swiftslurm.submit.report import describe_plan
@@ -163,9 +169,103 @@ def test_node_0_calls_in_only_spares_slurm_does_not_report_down(
 ) -> None:
     monkeypatch.setattr(conclude.records, "silent_hosts", lambda *_: silent)
     monkeypatch.setattr(conclude, "_node_states", lambda hosts: dict.fromkeys(hosts, spare_state))
+    beat_as_spare(spare_beat_file(tmp_path, "n3"))  # its wrapper stands by
     blamed = ("n2", "SLURM reports n2 as DOWN and it wrote no result")
-    found = conclude._allocation(tmp_path, ("n1", "n2"), decide.Reason.INFRA, blamed, 0, ("n3",))
+    found = conclude._allocation(tmp_path, ("n1", "n2"), decide.Reason.INFRA, blamed, 0, ("n3",), 0.0)
     assert found is not None and (found.lost, found.spares) == (lost, spares)
+
+
+# ---------------------------------------------------------------- the spares' heartbeats
+
+
+def write_beat(attempt: Path, host: str, at: float) -> None:
+    spare_beat_file(attempt, host).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(spare_beat_file(attempt, host), {"host": host, "pid": 1, "updated": at})
+
+
+@pytest.mark.parametrize(
+    ("beat_age", "attempt_age", "called_in"),
+    [
+        (3.0, 1000.0, True),  # it beats
+        (STALE_S + 20, 1000.0, False),  # its wrapper fell silent: SLURM still reports the node up
+        (None, 10.0, True),  # no beat yet, 10 s into the attempt: it gets STALE_S to beat
+        (None, STALE_S + 20, False),  # never beat in the whole attempt
+        (5000.0, 10.0, True),  # an earlier job's beat (job ids repeat): the same as none yet
+    ],
+)
+def test_node_0_calls_in_only_a_spare_whose_wrapper_beats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beat_age: float | None, attempt_age: float, called_in: bool
+) -> None:
+    monkeypatch.setattr(conclude.records, "silent_hosts", lambda *_: ["n2"])
+    monkeypatch.setattr(conclude, "_node_states", lambda hosts: dict.fromkeys(hosts, "IDLE"))
+    now = time.time()
+    if beat_age is not None:
+        write_beat(tmp_path, "n3", now - beat_age)
+    blamed = ("n2", "SLURM reports n2 as DOWN and it wrote no result")
+    found = conclude._allocation(tmp_path, ("n1", "n2"), decide.Reason.INFRA, blamed, 0, ("n3",), now - attempt_age)
+    assert found is not None and found.spares == (("n3",) if called_in else ())
+    assert [host for host, _ in found.silent_spares] == ([] if called_in else ["n3"])
+
+
+def test_a_silent_spare_is_skipped_and_the_why_says_so() -> None:
+    live, silent = decide.live_spares(("s", "t"), {"s": 240.0, "t": 4.0}, STALE_S)
+    assert (live, silent) == (("t",), (("s", 240.0),))
+    skipped = decide.Allocation(False, 0, ("a", "b"), live, ("b",), silent_spares=silent)
+    decision = decide.swap_in_spares(LOST_NODE, skipped, decide.Budget())
+    assert (decision.action, decision.roster) == (decide.Action.RESTART, ("a", "t"))
+    assert decision.spares == ("s",)  # still left: node 0 asks again at the next loss
+    assert decision.why.endswith("1 spare(s) left; 1 of 5); spare not called in, its wrapper silent: s for 240 s")
+    alone = decide.Allocation(False, 0, ("a", "b"), (), ("b",), silent_spares=(("s", 240.0),))
+    requeued = decide.swap_in_spares(LOST_NODE, alone, decide.Budget())
+    assert requeued.action is decide.Action.REQUEUE, requeued
+    said = "no restart onto a spare: 0 spare(s) left for 1 lost node(s); spare not called in, its wrapper silent: s"
+    assert said in requeued.why, requeued.why
+
+
+class Clock:
+    """time.time and time.sleep for a wait that takes no time: each sleep moves the clock on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_spare_beats_every_few_seconds_while_it_waits_not_at_every_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, beats = Clock(), []
+    monkeypatch.setattr(outcome, "time", clock)
+    monkeypatch.setattr(outcome, "beat_as_spare", lambda path: beats.append((clock.now, path)))
+    polls = iter(range(8))  # 8 polls, 2 s apart: 16 s of standing by, then a stop signal
+    assert outcome.wait_as_spare(tmp_path, None, lambda: next(polls, None) is None, "n3") == outcome.Outcome(
+        outcome.END
+    )
+    assert [at - 1000.0 for at, _ in beats] == [0.0, 6.0, 12.0]  # BEAT_S 5 s, looked at every 2 s poll
+    assert {path for _, path in beats} == {spare_beat_file(tmp_path, "n3")}
+
+
+def test_a_spares_beat_is_read_back_as_its_silence(tmp_path: Path) -> None:
+    beat_as_spare(spare_beat_file(tmp_path, "n3"))
+    now = time.time()
+    silences = spare_silences(tmp_path, ("n3", "n4"), now + 30, now - 100)
+    assert round(silences["n3"]) == 30 and silences["n4"] == pytest.approx(130)  # n4: none since the start
+
+
+class HeldLease:
+    def check(self, _: str) -> None:
+        pass
+
+
+def test_node_0_records_the_spares_standing_by_for_status(tmp_path: Path) -> None:
+    a = attempt.Attempt(tmp_path, spares_plan(), task(0), "77", SignalLog(), spares=("n3",))
+    a.lease, a.phase = HeldLease(), attempt.Phase.TRAIN  # type: ignore[assignment]
+    attempt._record_phase(a)
+    assert read_status(tmp_path) == {"state": "running", "phase": "train", "spares": ["n3"], "updated": ANY}
 
 
 # ---------------------------------------------------------------- a spare's attempt
@@ -223,11 +323,11 @@ def test_a_node_taken_off_the_roster_and_not_a_spare_ends(tmp_path: Path) -> Non
 def test_the_outcome_carries_the_roster_and_the_spares(tmp_path: Path) -> None:
     said = outcome.Outcome("restart", "77.i1", ("n1", "n3"), ("n4",))
     outcome.publish(tmp_path, said, "job-run")
-    assert outcome.wait_as_spare(tmp_path, "job-run", lambda: False) == said
+    assert outcome.wait_as_spare(tmp_path, "job-run", lambda: False, "n4") == said
 
 
 def test_a_spare_ends_its_wait_on_a_stop_signal(tmp_path: Path) -> None:
-    assert outcome.wait_as_spare(tmp_path, None, lambda: True) == outcome.Outcome(outcome.END)
+    assert outcome.wait_as_spare(tmp_path, None, lambda: True, "n4") == outcome.Outcome(outcome.END)
 
 
 # ---------------------------------------------------------------- the plan
@@ -323,3 +423,18 @@ def test_status_tells_the_spares_left_and_each_swap() -> None:
     assert spares_left([AttemptRecord("77", "77", hosts=("n1", "n2"), spares=("n3",))]) == 1
     assert spares_left([AttemptRecord("77", "77", hosts=("n1", "n2"))]) is None
     assert AttemptRecord.from_dict(swapped.as_dict()) == swapped  # as attempts.jsonl keeps it
+
+
+def test_status_tells_each_standing_spares_heartbeat_while_the_run_runs(tmp_path: Path) -> None:
+    now = time.time()
+    records.open_attempt(tmp_path, AttemptRecord("77.i1", "77", start=now - 1000))
+    records.write_status(tmp_path, "running", job_id="77", attempt="77.i1", spares=["n3", "n4"])
+    write_beat(attempt_dir(tmp_path, "77.i1"), "n3", now - 4)
+    write_beat(attempt_dir(tmp_path, "77.i1"), "n4", now - 240)
+    facts = gather(tmp_path)
+    assert [(b["host"], b["alive"]) for b in facts.spare_beats] == [("n3", True), ("n4", False)], facts.spare_beats
+    assert facts.spares_left == 2  # no attempt record has the spares yet: status.json names them
+    assert spares_line(replace(facts, spare_beats=standing_spares(tmp_path, "running", now))) == (
+        "spares: 2 standing by (n3: beat 4 s ago, n4: SILENT for 240 s, not called in); nodes replaced by a spare: none"
+    )
+    assert standing_spares(tmp_path, "finished", now) == ()  # the spares end with the run
