@@ -50,6 +50,8 @@ LONGEST_FIRST = (
     "test_rlhf.py::test_rlhf_preempted_mid_run_resumes_and_ends_identical[dpo]",
     "test_faults.py::test_lost_node_is_excluded_and_the_run_finishes_on_the_others",
     "test_rank_children.py::test_a_preempted_run_with_data_loader_workers_saves_at_its_step_and_loses_none[fork]",
+    "test_straggler_swap.py::test_a_straggler_is_swapped_for_the_spare_inside_the_same_job",
+    "test_spares.py::test_a_lost_training_node_is_replaced_by_the_spare_inside_the_same_job",
 )
 
 
