@@ -126,8 +126,6 @@ def check_stragglers(cfg: Config) -> None:
 def check_swap(cfg: Config) -> None:
     """`straggler_action=swap` needs a spare to swap in, and a run whose forwards time each node's own pace
     (the engine adapter says where they do not: Engine.straggler_gap): else it could never act."""
-    from swiftslurm.engines.registry import engine_for_strategy
-
     if cfg.resilience.spare_nodes < 1:
         raise ConfigError(
             "resilience.straggler_action=swap has no spare to swap a straggler for (resilience.spare_nodes=0). "
