@@ -16,8 +16,8 @@ stamps the beat and hands it to a daemon thread (`BeatWriter`), which writes the
 replaced before it was written is never written, and beats are never written out of order, so the file only ever
 moves forward. The stamp ``t`` is the hand-over, not the write: a slow file system delays a beat but does not
 make rank 0 look slower. The thread writes only what the loop hands over, so a hung loop still falls silent for
-the watchdog; ``flush`` waits for the newest beat to be on disk (the train's end). Only the standard library and
-rundir's own modules here: every training rank imports it.
+the watchdog; ``flush`` waits for the newest beat to be on disk (the Committer: before a commit, at the end).
+Only the standard library and rundir's own modules here: every training rank imports it.
 """
 
 from __future__ import annotations
@@ -67,10 +67,11 @@ def write_beat_file(path: Path, beat: dict[str, Any]) -> None:
 
 
 class BeatWriter:
-    """Writes the newest beat handed over from one daemon thread, started at the first hand-over. `hand` never
-    waits for the file system: the thread holds the lock only to take the newest beat or to mark it written,
-    never while writing. ``write`` reports its own failures; anything it raises is reported here, once, and
-    the thread goes on with the next beat (a dead writer would make every later `flush` wait for ever)."""
+    """Writes the newest beat handed over from one daemon thread, started here (at the train's begin, not in a
+    step). `hand` never waits for the file system: the thread holds the lock only to take the newest beat or to
+    mark it written, never while writing. ``write`` reports its own failures; anything it raises is reported
+    here, once, and the thread goes on with the next beat (a dead writer would make every `flush` wait for
+    ever)."""
 
     def __init__(self, path: Path, write: Callable[[dict[str, Any]], None]) -> None:
         self._path, self._write = path, write
@@ -78,16 +79,13 @@ class BeatWriter:
         self._newest: dict[str, Any] | None = None  # handed over, not yet taken by the thread
         self._handed = 0  # how many beats were handed over
         self._done = 0  # the hand-over count of the newest beat written (or failed)
-        self._thread: threading.Thread | None = None
         self._warned = False
+        threading.Thread(target=self._run, name="swiftslurm-beat", daemon=True).start()
 
     def hand(self, beat: dict[str, Any]) -> None:
         """``beat`` replaces any beat not yet taken by the thread."""
         with self._changed:
             self._newest, self._handed = beat, self._handed + 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="swiftslurm-beat", daemon=True)
-                self._thread.start()
             self._changed.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
