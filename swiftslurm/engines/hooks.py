@@ -19,7 +19,10 @@ For the hang watchdog (node/hang.py, node/stacks.py), every rank registers its s
 (`register_stack_dump`), and global rank 0 writes the heartbeat the wrapper follows (rundir/beat.py): each
 step's end, and the begin and end of each save, evaluation and epoch boundary, which the wrapper must not take
 for a slow step. The Committer writes it, as it knows when a save is over: once every rank has written it and
-the previous commit is done (`after_save`), and, at the end, while the last commit is still being written.
+the previous commit is done (`after_save`), and, at the end, while the last commit is still being written. The
+training loop only hands each beat over: a daemon thread writes the newest (rundir/beat.py), so no step waits
+for the file system. The Committer flushes it where order matters: before a checkpoint's commit starts (the
+wrapper ends a stopping trainer on that manifest) and at the end, before the process may exit.
 
 Global rank 0 also writes the trainer's timeline (rundir/timeline.py): loop begun, each save and commit, loop
 ended, for the goodput ledger.
@@ -170,6 +173,9 @@ class Committer:
         first: commits that overlap share the disks and cores and each takes longer, so the newest, the one a
         stop signal waits for, would be committed later."""
         self.wait()
+        # Its step's beat on disk before its manifest: the wrapper ends a stopping trainer on that manifest and
+        # records the last step it read from the beat.
+        self.beat.flush()
         self._join_group()
         barrier()
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -278,6 +284,8 @@ class Committer:
         ended = time.time()
         if self._commit is not None:  # the last checkpoint's commit is still being written: part of its save
             self.beat.pausing(SAVE)
+        # The last beat on disk before the process may exit (the writer thread is a daemon).
+        self.beat.flush()
         failure = self.wait()
         self.timeline.event(TRAIN_END, started=round(ended, 3))
         if failure is not None and self._folder is not None:

@@ -5,8 +5,9 @@ callbacks (registered in `megatron_callbacks_map`, named in `--callbacks`) give 
 with the same parts as the `swift` plugin (hooks.py): `swiftslurm_megatron_stop` saves the iteration every
 rank agreed on and ends the training loop after that save; `swiftslurm_megatron_commit` commits each
 checkpoint once every rank has written its shards, and writes global rank 0's heartbeat: each iteration's end,
-each save and evaluation (rundir/beat.py). Importing it registers the rank's stack dump (hooks.py) and blocks
-the stop signals in every process the rank starts (signals.py: only the ranks see them).
+each save and evaluation (rundir/beat.py; a thread writes it, off the training loop). Importing it registers
+the rank's stack dump (hooks.py) and blocks the stop signals in every process the rank starts (signals.py:
+only the ranks see them).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 It registers two Trainer callbacks (hooks.py does the work). `swiftslurm_stop` saves the current step and
 stops when a stop signal arrives (TERM, INT, USR1 or USR2: the wrapper forwards SLURM's USR2), all ranks at
 the same step. `swiftslurm_commit` commits each checkpoint once every rank has written it, and writes global
-rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py); every rank times
+rank 0's heartbeat: each step's end, each save, evaluation and epoch end (rundir/beat.py; a thread writes it,
+off the training loop); every rank times
 its training forwards, and each node's local rank 0 publishes the node's pace (engines/forward_clock.py,
 rundir/pace.py). Retention (`save_total_limit`, here `keep_checkpoints`) is applied after a commit. Importing
 it registers the rank's stack dump (hooks.py) and blocks the stop signals in every process the rank starts

@@ -10,9 +10,14 @@ flow has decided what follows it, so a save begins with the beat of the step it 
 beat. Node 0's wrapper (node/watch.py, node/hang.py) follows it; global rank 0 runs on node 0, so the writer's
 and the reader's clocks are one.
 
-One file replaced whole (temp file, rename, no fsync: nothing has to survive a crash), so a step's end costs
-one small create, write and rename; a reader sees the old beat or the new one. Only the standard library and
-rundir's own modules here: every training rank imports it.
+One file replaced whole (temp file, rename, no fsync: nothing has to survive a crash); a reader sees the old beat
+or the new one. Under the wrapper (`StepBeat.from_environ`) that write is off the training loop: a step's end only
+stamps the beat and hands it to a daemon thread (`BeatWriter`), which writes the newest beat it has. A beat
+replaced before it was written is never written, and beats are never written out of order, so the file only ever
+moves forward. The stamp ``t`` is the hand-over, not the write: a slow file system delays a beat but does not
+make rank 0 look slower. The thread writes only what the loop hands over, so a hung loop still falls silent for
+the watchdog; ``flush`` waits for the newest beat to be on disk (the Committer: before a commit, at the end).
+Only the standard library and rundir's own modules here: every training rank imports it.
 """
 
 from __future__ import annotations
@@ -55,24 +60,84 @@ def read_beat(path: Path) -> Beat | None:
     return Beat(step, total if isinstance(total, int) else None, str(phase), float(t))
 
 
+BeatFile = Callable[[Path, dict[str, Any]], None]  # writes one beat to its file
+
+
+def write_beat_file(path: Path, beat: dict[str, Any]) -> None:
+    write_json_atomic(path, beat, durable=False)
+
+
+class BeatWriter:
+    """Writes the newest beat handed over from one daemon thread, started here (at the train's begin, not in a
+    step). `hand` never waits for the file system: the thread holds the lock only to take the newest beat or to
+    mark it written, never while writing. ``write`` reports its own failures; anything it raises is reported
+    here, once, and the thread goes on with the next beat (a dead writer would make every `flush` wait for
+    ever)."""
+
+    def __init__(self, path: Path, write: Callable[[dict[str, Any]], None]) -> None:
+        self._path, self._write = path, write
+        self._changed = threading.Condition()
+        self._newest: dict[str, Any] | None = None  # handed over, not yet taken by the thread
+        self._handed = 0  # how many beats were handed over
+        self._done = 0  # the hand-over count of the newest beat written (or failed)
+        self._warned = False
+        threading.Thread(target=self._run, name="swiftslurm-beat", daemon=True).start()
+
+    def hand(self, beat: dict[str, Any]) -> None:
+        """``beat`` replaces any beat not yet taken by the thread."""
+        with self._changed:
+            self._newest, self._handed = beat, self._handed + 1
+            self._changed.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the newest beat handed over is written (or its write failed); False when ``timeout`` ran
+        out first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._done >= self._handed, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._newest is not None)
+                beat, number, self._newest = self._newest, self._handed, None
+            try:
+                self._write(beat)  # type: ignore[arg-type]  # not None: waited for
+            except Exception as err:
+                if not self._warned:
+                    print(f"[swiftslurm] the heartbeat {self._path} cannot be written ({err!r})", flush=True)
+                    self._warned = True
+            finally:
+                with self._changed:
+                    self._done = number
+                    self._changed.notify_all()
+
+
 @dataclass
 class StepBeat:
     """Global rank 0's writer (``path`` None on every other rank, or without the wrapper: it writes nothing).
     The pauses that follow a step are kept in the order the training loop runs them; each one's end starts the
     next, and the last one's the next step. A failed write is reported once and never stops training (the next
-    beat tries again)."""
+    beat tries again). ``background``: the writes run on a `BeatWriter` thread (what the plugins use); without,
+    each call returns once its beat is on disk. ``write_file`` is the one write (a test holds it up)."""
 
     path: Path | None
     clock: Callable[[], float] = time.time
     step: int = 0
     max_steps: int | None = None
     pending: list[str] = field(default_factory=list)  # the pauses still ahead of the next step, in order
-    _warned: bool = False
+    background: bool = False
+    write_file: BeatFile = write_beat_file
+    _warned: bool = field(default=False, init=False, repr=False)
+    _writer: BeatWriter | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.background and self.path is not None:
+            self._writer = BeatWriter(self.path, self._write_now)
 
     @classmethod
     def from_environ(cls, rank_zero: bool) -> StepBeat:
         path = os.environ.get(PROGRESS_ENV) if rank_zero else None
-        return cls(Path(path) if path else None)
+        return cls(Path(path) if path else None, background=True)
 
     def step_ended(self, step: int, max_steps: int | None, follows: Sequence[str] = ()) -> None:
         """Every step's end: ``follows``, the pauses the loop runs before the next step (in its order)."""
@@ -98,11 +163,23 @@ class StepBeat:
         return self.pending[0] if self.pending else STEP
 
     def write(self) -> None:
+        """The beat as of now: handed to the writer thread, or (without one) written before returning."""
         if self.path is None:
             return
         beat = {"step": self.step, "max_steps": self.max_steps, "phase": self.phase, "t": round(self.clock(), 3)}
+        if self._writer is not None:
+            self._writer.hand(beat)
+        else:
+            self._write_now(beat)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Return once the newest beat is on disk (or its write failed); False when ``timeout`` ran out first."""
+        return self._writer.flush(timeout) if self._writer is not None else True
+
+    def _write_now(self, beat: dict[str, Any]) -> None:
+        assert self.path is not None  # only rank 0's writes
         try:
-            write_json_atomic(self.path, beat, durable=False)
+            self.write_file(self.path, beat)
         except OSError as err:
             if not self._warned:
                 print(f"[swiftslurm] the heartbeat {self.path} cannot be written ({err}); tried again", flush=True)

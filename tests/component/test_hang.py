@@ -4,6 +4,7 @@ dumped before a hung trainer is killed (real processes, real signals; no SLURM, 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 import time
@@ -15,7 +16,7 @@ from swiftslurm.node import stacks
 from swiftslurm.node.launch import Trainer
 from swiftslurm.node.watch import _Watcher
 from swiftslurm.plan import JobPlan
-from swiftslurm.rundir.beat import ProgressWatch, StepBeat
+from swiftslurm.rundir.beat import PROGRESS_ENV, STEP, ProgressWatch, StepBeat, read_beat
 from swiftslurm.rundir.layout import hang_file, progress_file, stack_file, stacks_dir
 from swiftslurm.signals import DUMP_SIGNAL, SignalLog, catches
 from swiftslurm.slurm_env import SlurmEnv
@@ -115,3 +116,26 @@ def _wait_until_registered(ranks: list[Trainer]) -> None:
     while not all(catches(r.command_pid, DUMP_SIGNAL) for r in ranks):
         assert time.monotonic() < deadline, "the ranks never registered their stack dump"
         time.sleep(0.1)
+
+
+TRAINER_END = textwrap.dedent(
+    """
+    from swiftslurm.engines.hooks import Committer
+    committer = Committer("swift")
+    committer.train_begun(0)
+    for step in range(1, 501):
+        committer.step_ended(step, 500, ())
+    committer.finish()
+    """
+)
+
+
+def test_a_trainer_that_ends_leaves_its_last_beat_and_is_not_kept_alive_by_the_writer(tmp_path: Path) -> None:
+    """The plugins' heartbeat is written by a daemon thread (rundir/beat.py): a real process that ends its
+    training exits at once, with the last step's beat on disk (the train's end flushes it)."""
+    path = tmp_path / "progress.json"
+    env = {"PYTHONPATH": str(REPO), PROGRESS_ENV: str(path), "PATH": "/usr/bin"}
+    done = subprocess.run([sys.executable, "-c", TRAINER_END], env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 0
+    beat = read_beat(path)
+    assert beat is not None and (beat.step, beat.max_steps, beat.phase) == (500, 500, STEP)
