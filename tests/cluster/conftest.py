@@ -29,11 +29,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[NODE_GROUP_ENV] = str(int(worker.removeprefix("gw")) + 1)
 
 
-# The tier's longest tests, slowest first, as measured on 2026-12-03 (two processes): each process starts
+# The tier's longest tests, slowest first, as measured on 2026-12-03 and 2026-12-07 (two processes): each process starts
 # with its share of them, so that neither is left running one of them alone at the end. pytest-xdist hands each
 # process a contiguous part of the collection and steals from the ends of those parts; a test not named here keeps
 # its collection order after these. Only the order changes, never what runs.
 LONGEST_FIRST = (
+    "test_soak_smoke.py::test_the_soak_judges_a_run_through_an_s3_outage_a_frozen_controller_and_a_last_save_signal",
     "test_resilience.py::test_run_longer_than_its_time_limit_finishes_over_several_attempts",
     "test_resilience.py::test_several_preemptions_in_a_row_still_end_identical",
     "test_rlhf.py::test_rlhf_preempted_mid_run_resumes_and_ends_identical[grpo]",
