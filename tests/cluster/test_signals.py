@@ -28,7 +28,7 @@ from swiftslurm.testing.cli import swiftslurm
 from swiftslurm.testing.cluster import attempts, job_state, status, submit, wait_for_job, wait_until
 from swiftslurm.testing.s3 import FaultProxy, Faults, SeaweedServer, use_test_credentials
 from tests.cluster.conftest import BRIDGE
-from tests.cluster.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN
+from tests.cluster.hold_plugin import HOLD_MARKER, HOLD_PHASE, PLUGIN, node_marker
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 STEPS = ("swift.max_steps=20", "swift.save_steps=10")
@@ -61,6 +61,8 @@ def test_a_signal_before_training_is_recorded_and_requeued_by_swiftslurm(
     job = submit(run_dir, *STEPS) if entry == "submitit" else sbatch_job(run_dir)
     try:
         wait_until(held.is_file, HOLD_WAIT_S, f"node 0 to hold in {phase}")
+        # Node 0 holds; the other node may still be starting its wrapper: the signal waits for it.
+        wait_until(lambda: all(node_marker(held, n).is_file() for n in (0, 1)), HOLD_WAIT_S, "both wrappers up")
         subprocess.run(["scancel", "--signal=USR2", job], check=True)  # what SLURM sends ahead of a preemption
         state = wait_for_job(job)
     finally:

@@ -124,3 +124,56 @@ def test_a_finished_wrapper_ignores_stop_signals_until_the_process_is_gone(tmp_p
         [sys.executable, "-c", ENDED_CHILD, entry, str(tmp_path)], env=env, capture_output=True, text=True
     )
     assert done.stdout.strip().splitlines()[-1] == "2 [True, True, True]", (done.stdout, done.stderr)
+
+
+# Imported by the interpreter at its start (sitecustomize on PYTHONPATH), before `-m swiftslurm.node` runs: holds
+# the import of the wrapper's machinery (supervise.py and all it brings) until the test has sent its signal.
+HELD_IMPORT = """
+import os, sys, time
+from pathlib import Path
+
+HELD, RELEASE = Path(os.environ["HELD"]), Path(os.environ["RELEASE"])
+
+class HoldSupervise:
+    def find_spec(self, name, path=None, target=None):
+        if name == "swiftslurm.node.supervise":
+            HELD.write_text("importing")
+            while not RELEASE.exists():
+                time.sleep(0.01)
+        return None
+
+sys.meta_path.insert(0, HoldSupervise())
+"""
+
+
+def test_a_stop_signal_while_the_wrapper_still_imports_is_not_fatal(tmp_path: Path) -> None:
+    """SLURM's USR2 can reach a node's wrapper while it imports (seconds from a shared file system, or with many
+    nodes starting on loaded cores): the wrapper takes the stop signals over before it imports its machinery,
+    so it lives on and ends as it would have (here: refused, no plan.json), not killed by the default action."""
+    import subprocess
+    import sys
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HELD_IMPORT)
+    held, release = tmp_path / "held", tmp_path / "release"
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": f"{hook}:{root}", "HELD": str(held), "RELEASE": str(release)}
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "swiftslurm.node", str(tmp_path / "no-run-dir")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(held.is_file, 60)
+        wrapper.send_signal(signal.SIGUSR2)
+        release.touch()
+        out, err = wrapper.communicate(timeout=120)
+    finally:
+        wrapper.kill()
+    assert wrapper.returncode == 2, (wrapper.returncode, out, err)
+    assert "plan.json" in err + out, (out, err)
