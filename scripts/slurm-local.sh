@@ -141,9 +141,24 @@ recorded_pid() { local pid _; read -r pid _ <"$STATE/pids/$1.pid"; echo "$pid"; 
 start_daemon() {
   local name=$1 prog=$2
   shift 2
-  # 9>&-: the daemon must not inherit take_lock's fd, or it would hold the lock forever.
-  setsid "$@" >>"$STATE/log/$name.out" 2>&1 </dev/null 9>&- &
+  (
+    close_inherited_fds
+    exec setsid "$@" >>"$STATE/log/$name.out" 2>&1 </dev/null
+  ) &
   echo "$! $prog" >"$STATE/pids/$name.pid"
+}
+
+# Closes every descriptor above stderr in this (sub)shell: a daemon must not inherit a lock's fd, neither
+# take_lock's (9) nor the caller's (`flock FILE bash scripts/slurm-local.sh up`), or it holds that lock for as
+# long as it runs, and every later `flock FILE` waits for ever.
+close_inherited_fds() {
+  local fd
+  for fd in /proc/"$BASHPID"/fd/*; do
+    fd=${fd##*/}
+    if ((fd > 2)); then
+      eval "exec $fd>&-"
+    fi
+  done
 }
 
 # Sends TERM to the given PIDs, waits up to 15 s, then KILLs survivors.
