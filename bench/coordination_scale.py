@@ -244,7 +244,14 @@ def stand_ins(count: int) -> list[subprocess.Popen[bytes]]:
 
 
 def one_repeat(
-    root: Path, nodes: int, tag: str, shim: Path, calls_log: Path, load: int = 0, trainer_python: Path | None = None
+    root: Path,
+    nodes: int,
+    tag: str,
+    shim: Path,
+    calls_log: Path,
+    load: int = 0,
+    trainer_python: Path | None = None,
+    partition: str | None = None,
 ) -> dict[str, Any]:
     """One submission of ``nodes`` nodes, signalled and resumed; ``trainer_python``: make_trainer_shims' (stand-ins
     for the nodes past --real-trainers), else every node trains for real."""
@@ -345,6 +352,20 @@ def stop_checkpoint(run_dir: Path, requeued: float) -> tuple[float, Path]:
     return max(committed)
 
 
+def node_results(run_dir: Path, job: str, nodes: int) -> list[dict[str, Any]]:
+    """The first attempt's node results (logs/<job>/node<i>.json), {} for a node that wrote none."""
+    found = []
+    for node in range(nodes):
+        path = run_dir / "logs" / job / f"node{node}.json"
+        found.append(json.loads(path.read_text()) if path.exists() else {})
+    return found
+
+
+def ended_after(results: Sequence[dict[str, Any]], committed: float) -> list[float | None]:
+    """Per node, seconds from the stop checkpoint's commit to its trainer's end as its wrapper saw it."""
+    return [round(r["ended_at"] - committed, 3) if r.get("ended_at") is not None else None for r in results]
+
+
 def measure(run_dir: Path, job: str, nodes: int, seen: dict[str, Any]) -> dict[str, Any]:
     texts = node_logs(run_dir, job, nodes)
     ups = [wrapper_ups(text) for text in texts]
@@ -379,6 +400,8 @@ def measure(run_dir: Path, job: str, nodes: int, seen: dict[str, Any]) -> dict[s
             "ms-swift save (signal -> written)": round(saved - signalled, 3),
             "SLURM (requeued -> allocated)": round(allocated - requeued, 3),
         },
+        # Each node's trainer ended (its wrapper's node result) after the commit: how soon every wrapper saw it.
+        "trainer_ended_after_commit_s_per_node": ended_after(node_results(run_dir, job, nodes), committed),
         "resume_cpu_s_per_node": [lc[-1][0] for lc in launched],
         "signal_to_resumed_step_seen_s": round(seen["first_resumed_step_seen"] - signalled, 3),
         "calls": {k: dict(v) for k, v in calls.items()},

@@ -16,7 +16,7 @@ def _fake_venv(tmp_path: Path) -> Path:
     venv.mkdir()
     (venv / "swift").write_text('#!/bin/bash\necho "real swift NNODES=$NNODES NODE_RANK=$NODE_RANK args=$*"\n')
     (venv / "swift").chmod(0o755)
-    (venv / "python").write_text("#!/bin/bash\necho python \"$@\"\n")
+    (venv / "python").write_text('#!/bin/bash\necho python "$@"\n')
     (venv / "python").chmod(0o755)
     return venv / "python"
 
@@ -45,4 +45,3 @@ def test_the_other_nodes_run_a_named_stand_in_that_waits_to_be_ended(tmp_path: P
     finally:
         stand_in.kill()
         stand_in.wait()
-
