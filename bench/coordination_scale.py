@@ -1,7 +1,8 @@
 """Benchmark: swiftslurm's coordination layer at 2, 4, 8 and 16 nodes (issue 29, part 2), on the local cluster.
 
     SWIFTSLURM_SLURM_NODES=16 SWIFTSLURM_SLURM_GROUPS=1 bash scripts/slurm-local.sh up --force
-    .venv/bin/python -m bench.coordination_scale [--nodes 2 4 8 16] [--repeats 2] [--control] [--out FILE]
+    .venv/bin/python -m bench.coordination_scale [--nodes 2 4 8 16] [--repeats 2] [--control] [--real-trainers K]
+        [--out FILE]
 
 Every node runs the real wrapper and a real ms-swift trainer (the tiny Qwen3 LoRA run, `+cluster=local-slurm
 cluster.nodes=N`). Each repeat submits the run, lets it train, counts the run dir's file traffic for WINDOW_S
@@ -31,6 +32,17 @@ What is read, and from where:
                         directory listings) and written (close_write, moved_to, create), per second, split into
                         swiftslurm's files and the trainer's own (output/, ms-swift's node*.log). A stat()
                         without an open is invisible to inotify and not counted.
+
+--real-trainers K: nodes 0..K-1 run the real ms-swift trainer, as one torch.distributed world of K nodes
+(torchrun's NNODES=K), and every other node runs the real wrapper with a TRAINER STAND-IN in place of ms-swift:
+`sleep` (named `swiftslurm-bench-trainer-stand-in` in ps, with a line saying so in its node log), which uses no
+CPU, never trains and ends when its wrapper ends it: on the stop checkpoint's commit (written by the real
+world's global rank 0 on node 0), as the wrapper ends a real trainer. Both go through `cluster.python`: a
+`python` that execs the venv's, beside a `swift` that chooses per node (NODE_RANK) between the real `swift` and
+the stand-in, so the plan and the allocation keep N nodes and every wrapper does all it does for a real one
+(lease, preflight, resume point, stop signal, result, requeue). What the stand-ins leave out is the extra
+trainers' load on the shared cores: their start-up, steps and tear-down. The JSON says `real_trainers` and
+`trainer_stand_ins` per run.
 
 --control repeats the 2-node run with the machine loaded like the 16-node one: 14 CPU-busy stand-in
 processes (`python -c 'while True: pass'`, named as such), started before the submission and ended after
@@ -75,6 +87,22 @@ CONTROL_STAND_INS = 14
 _UP = re.compile(r"submitit INFO \((\S+ \S+)\) - Starting with JobEnvironment")
 _STARTUP = re.compile(r"\[swiftslurm\] wrapper start-up: ([\d.]+) CPU-s; trainer launched at ([\d.]+)")
 _STEP = re.compile(r"'global_step/max_steps': '(\d+)/(\d+)'")
+
+# The `swift` of --real-trainers K (see the module's docstring): NODE_RANK < K runs the real one in a K-node world.
+TRAINER_SHIM = """#!/bin/bash
+# bench/coordination_scale.py --real-trainers REAL_NODES: nodes 0..REAL_NODES-1 train, the others run a stand-in
+if [ "${NODE_RANK:-0}" -lt REAL_NODES ]; then
+    export NNODES=REAL_NODES
+    exec REAL_SWIFT "$@"
+fi
+echo "[bench] TRAINER STAND-IN on node ${NODE_RANK}: not ms-swift (bench.coordination_scale --real-trainers \
+REAL_NODES); it trains nothing, uses no CPU and runs until its wrapper ends it"
+exec -a swiftslurm-bench-trainer-stand-in sleep infinity
+"""
+PYTHON_SHIM = """#!/bin/bash
+exec REAL_PYTHON "$@"
+"""
+STAND_IN_NAME = "swiftslurm-bench-trainer-stand-in"
 
 SHIM = """#!/bin/bash
 printf '%s %s %s %s\\n' "$EPOCHREALTIME" "${CALLER:-${SLURM_JOB_ID:-login}}" "$(basename "$0")" "$*" >>LOG
@@ -145,6 +173,20 @@ def spread(values: Sequence[float]) -> str:
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
 
 
+def real_trainers(trainer_python: Path | None, nodes: int) -> int:
+    """How many nodes train for real: those below the shim's REAL_NODES, or all without shims."""
+    if trainer_python is None:
+        return nodes
+    match = re.search(r"-lt (\d+) \]", (trainer_python.parent / "swift").read_text())
+    return min(nodes, int(match[1])) if match else nodes
+
+
+def stand_ins_seen(run_dir: Path, job: str, nodes: int) -> int:
+    """Node logs of the job's first attempt in which a trainer stand-in said it ran (the check that it did)."""
+    logs = (run_dir / "logs" / job / f"node{n}.log" for n in range(nodes))
+    return sum(1 for log in logs if log.exists() and "TRAINER STAND-IN" in log.read_text(errors="replace"))
+
+
 # --------------------------------------------------------------------------------------------- one repeat
 
 
@@ -156,6 +198,23 @@ def make_shim(root: Path) -> tuple[Path, Path]:
         path.write_text(SHIM.replace("LOG", str(log)).replace("CALLER", CALLER_ENV))
         path.chmod(0o755)
     return shim, log
+
+
+def make_trainer_shims(root: Path, real_nodes: int, python: Path = PYTHON) -> Path:
+    """`python` and `swift` for --real-trainers (`cluster.python=` the returned path): the plan's `swift` is the
+    one beside its Python, so this `swift` is the trainer every wrapper starts."""
+    folder = root / "trainers"
+    folder.mkdir(parents=True, exist_ok=True)
+    shims = {
+        "python": PYTHON_SHIM.replace("REAL_PYTHON", str(python)),
+        "swift": TRAINER_SHIM.replace("REAL_SWIFT", str(python.parent / "swift")).replace(
+            "REAL_NODES", str(real_nodes)
+        ),
+    }
+    for name, text in shims.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return folder / "python"
 
 
 def step_of(log: Path) -> int:
@@ -184,7 +243,18 @@ def stand_ins(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
 
 
-def one_repeat(root: Path, nodes: int, tag: str, shim: Path, calls_log: Path, load: int = 0) -> dict[str, Any]:
+def one_repeat(
+    root: Path,
+    nodes: int,
+    tag: str,
+    shim: Path,
+    calls_log: Path,
+    load: int = 0,
+    trainer_python: Path | None = None,
+    partition: str | None = None,
+) -> dict[str, Any]:
+    """One submission of ``nodes`` nodes, signalled and resumed; ``trainer_python``: make_trainer_shims' (stand-ins
+    for the nodes past --real-trainers), else every node trains for real."""
     run_dir = root / f"{tag}-n{nodes}"
     # PYTHONPATH: the nodes (sbatch --export=ALL) run this checkout's swiftslurm, not the one the venv installed.
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
@@ -194,6 +264,8 @@ def one_repeat(root: Path, nodes: int, tag: str, shim: Path, calls_log: Path, lo
         submitted = time.time()
         argv = [str(PYTHON), "-m", "swiftslurm", "+cluster=local-slurm", f"cluster.nodes={nodes}", f"run_dir={run_dir}"]
         argv += [f"swift.max_steps={MAX_STEPS}", "swift.save_steps=1000"]
+        argv += [f"cluster.python={trainer_python}"] if trainer_python else []
+        argv += [f"cluster.partition={partition}"] if partition else []
         done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
         match = re.search(r"submitted job (\d+)", done.stdout)
         if not match:
@@ -264,6 +336,7 @@ def one_repeat(root: Path, nodes: int, tag: str, shim: Path, calls_log: Path, lo
             "status_s": status_s,
             "load": load,
             "tag": tag,
+            "real_trainers": real_trainers(trainer_python, nodes),
         },
     )
 
@@ -277,6 +350,20 @@ def stop_checkpoint(run_dir: Path, requeued: float) -> tuple[float, Path]:
         if at < requeued:
             committed.append((at, manifest.parent))
     return max(committed)
+
+
+def node_results(run_dir: Path, job: str, nodes: int) -> list[dict[str, Any]]:
+    """The first attempt's node results (logs/<job>/node<i>.json), {} for a node that wrote none."""
+    found = []
+    for node in range(nodes):
+        path = run_dir / "logs" / job / f"node{node}.json"
+        found.append(json.loads(path.read_text()) if path.exists() else {})
+    return found
+
+
+def ended_after(results: Sequence[dict[str, Any]], committed: float) -> list[float | None]:
+    """Per node, seconds from the stop checkpoint's commit to its trainer's end as its wrapper saw it."""
+    return [round(r["ended_at"] - committed, 3) if r.get("ended_at") is not None else None for r in results]
 
 
 def measure(run_dir: Path, job: str, nodes: int, seen: dict[str, Any]) -> dict[str, Any]:
@@ -293,11 +380,15 @@ def measure(run_dir: Path, job: str, nodes: int, seen: dict[str, Any]) -> dict[s
     lines = Path(seen["calls_log"]).read_text().splitlines()
     calls = calls_by_phase(lines, job, requeued, seen["cancelled"])
     first_step = stopped.get("first_step_at")
+    real = seen["real_trainers"]
     return {
         "nodes": nodes,
         "job": job,
         "tag": seen["tag"],
         "load_stand_ins": seen["load"],
+        "real_trainers": real,
+        "trainer_stand_ins": nodes - real,
+        "trainer_stand_ins_seen": stand_ins_seen(run_dir, job, nodes),
         "start_own_s": round(start_own, 3),
         "start_cpu_s_per_node": [lc[0][0] for lc in launched],
         "submit_to_first_step_s": round(first_step - seen["submitted"], 3) if first_step else None,
@@ -309,6 +400,8 @@ def measure(run_dir: Path, job: str, nodes: int, seen: dict[str, Any]) -> dict[s
             "ms-swift save (signal -> written)": round(saved - signalled, 3),
             "SLURM (requeued -> allocated)": round(allocated - requeued, 3),
         },
+        # Each node's trainer ended (its wrapper's node result) after the commit: how soon every wrapper saw it.
+        "trainer_ended_after_commit_s_per_node": ended_after(node_results(run_dir, job, nodes), committed),
         "resume_cpu_s_per_node": [lc[-1][0] for lc in launched],
         "signal_to_resumed_step_seen_s": round(seen["first_resumed_step_seen"] - signalled, 3),
         "calls": {k: dict(v) for k, v in calls.items()},
@@ -327,6 +420,13 @@ def calls_cell(runs: list[dict[str, Any]], attempt: str) -> str:
     return " ; ".join(sorted(counts))
 
 
+def load_cell(busy: int, trainer_stand_ins: int) -> str:
+    """What ran beside the real nodes: CPU-busy stand-ins (--control), trainer stand-ins (--real-trainers)."""
+    parts = [f"{busy} CPU-busy stand-ins"] if busy else []
+    parts += [f"{trainer_stand_ins} trainer stand-ins"] if trainer_stand_ins else []
+    return ", ".join(parts) or "-"
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """One row per (node count, load): min / median / max over the repeats."""
     rows = [
@@ -334,12 +434,12 @@ def table(results: list[dict[str, Any]]) -> str:
         "CPU-s | swiftslurm opens/s | swiftslurm writes/s | scontrol/sacct/squeue attempt 1 | attempt 2 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for r in results:
-        groups.setdefault((r["nodes"], r["load_stand_ins"]), []).append(r)
-    for (nodes, load), runs in sorted(groups.items()):
+        groups.setdefault((r["nodes"], r["load_stand_ins"], r.get("trainer_stand_ins", 0)), []).append(r)
+    for (nodes, load, fake), runs in sorted(groups.items()):
         rows.append(
-            f"| {nodes} | {f'{load} stand-ins' if load else '-'} | {spread([r['start_own_s'] for r in runs])} | "
+            f"| {nodes} | {load_cell(load, fake)} | {spread([r['start_own_s'] for r in runs])} | "
             f"{spread([statistics.median(r['start_cpu_s_per_node']) for r in runs])} | "
             f"{spread([r['resume_own_s'] for r in runs])} | "
             f"{spread([statistics.median(r['resume_cpu_s_per_node']) for r in runs])} | "
@@ -357,21 +457,29 @@ def main() -> None:
     parser.add_argument("--control", action="store_true", help="also 2 nodes with 14 CPU-busy stand-ins")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "coordination-scale.json")
     parser.add_argument("--run-root", type=Path)
+    parser.add_argument("--partition", help="the local cluster's partition (default: local-slurm's, debug)")
+    parser.add_argument(
+        "--real-trainers",
+        type=int,
+        help="nodes 0..K-1 train for real (a K-node world), the others run a trainer stand-in (see above)",
+    )
     args = parser.parse_args()
     if shutil.which("inotifywait") is None:
         sys.exit("inotifywait is missing: apt-get install inotify-tools")
     root = args.run_root or Path(tempfile.mkdtemp(prefix="coord-scale-", dir="/tmp"))
     shim, calls_log = make_shim(root)
+    trainer_python = make_trainer_shims(root, args.real_trainers) if args.real_trainers else None
     results: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         plan = [(n, 0) for n in args.nodes] + ([(2, CONTROL_STAND_INS)] if args.control else [])
         for nodes, load in plan:
             tag = f"r{repeat}{'-loaded' if load else ''}"
             try:
-                result = one_repeat(root, nodes, tag, shim, calls_log, load)
+                result = one_repeat(root, nodes, tag, shim, calls_log, load, trainer_python, args.partition)
             except (AssertionError, RuntimeError, subprocess.SubprocessError, StopIteration, ValueError) as err:
                 print(f"[bench] {tag} n={nodes}: unusable: {err}", flush=True)
                 results.append({"nodes": nodes, "tag": tag, "load_stand_ins": load, "error": str(err)})
+                args.out.write_text(json.dumps({"root": str(root), "results": results}, indent=1))
                 continue
             results.append(result)
             print(f"[bench] {json.dumps(result)}", flush=True)

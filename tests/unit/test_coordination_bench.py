@@ -3,6 +3,8 @@ traffic counts. The bench itself runs on the local cluster (docs/performance.md)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench import coordination_scale as bench
 
 NODE_LOG = """\
@@ -55,3 +57,23 @@ def test_traffic_separates_swiftslurms_files_from_the_trainers() -> None:
 
 def test_spread_is_min_median_max() -> None:
     assert bench.spread([3.0, 1.0, 2.0]) == "1.00 / 2.00 / 3.00"
+
+
+def test_the_trainer_shims_choose_by_node_rank_and_say_how_many_train(tmp_path: Path) -> None:
+    python = bench.make_trainer_shims(tmp_path, 2, tmp_path / "venv" / "python")
+    swift = (python.parent / "swift").read_text()
+    assert f'exec {tmp_path}/venv/swift "$@"' in swift and "-lt 2 ]" in swift and bench.STAND_IN_NAME in swift
+    assert python.read_text().endswith(f'exec {tmp_path}/venv/python "$@"\n')
+    assert bench.real_trainers(python, 16) == 2 and bench.real_trainers(python, 1) == 1
+    assert bench.real_trainers(None, 16) == 16
+
+
+def test_the_table_names_what_ran_beside_the_real_nodes() -> None:
+    assert bench.load_cell(0, 0) == "-"
+    assert bench.load_cell(14, 0) == "14 CPU-busy stand-ins"
+    assert bench.load_cell(0, 14) == "14 trainer stand-ins"
+
+
+def test_each_nodes_trainer_end_is_counted_from_the_commit() -> None:
+    results = [{"ended_at": 100.25}, {}, {"ended_at": 100.5, "ended_by": "stop_saved"}]
+    assert bench.ended_after(results, 100.0) == [0.25, None, 0.5]

@@ -14,7 +14,7 @@ import pytest
 from swiftslurm.ckpt.checkpoint import MANIFEST, checkpoint_dir, commit
 from swiftslurm.engines.hooks import STOP_FILE_ENV, publish_stop_step
 from swiftslurm.node.deadline import LEAD, SLURM_END, SaveDeadline
-from swiftslurm.node.watch import _Watcher
+from swiftslurm.node.watch import POLL_S, STOP_POLL_S, _Watcher
 from swiftslurm.rundir.beat import ProgressWatch
 from swiftslurm.rundir.jsonio import read_json, write_json_atomic
 from swiftslurm.rundir.layout import output_dir, save_deadline_file, stop_step_file
@@ -212,3 +212,51 @@ def test_only_node_0_asks_slurm(tmp_path: Path, where: SlurmEnv) -> None:
     watcher.tick(SIGNALLED + 1)
     watcher.tick(SIGNALLED + 2)
     assert len(asked) == (1 if where.node_id == 0 else 0)
+
+
+# --- how soon the commit is seen -------------------------------------------------------------------------------
+
+
+def sleeps_until_tick(watcher: _Watcher, on_sleep: Callable[[int], None] = lambda n: None) -> list[float]:
+    """The sleeps of one wait_for_tick; ``on_sleep(n)`` runs after the n-th (1-based), as the world moves on."""
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        on_sleep(len(slept))
+
+    watcher.wait_for_tick(sleep)
+    return slept
+
+
+def test_without_a_stop_signal_a_tick_comes_every_poll(tmp_path: Path) -> None:
+    watcher = watching(tmp_path)
+    watcher.signals = SignalLog()
+    assert sleeps_until_tick(watcher) == [POLL_S]
+
+
+def test_after_a_stop_signal_the_commit_is_seen_within_a_short_look_not_a_whole_poll(tmp_path: Path) -> None:
+    watcher = watching(tmp_path, NODE_1)
+    agreed(tmp_path, 12)
+    slept = sleeps_until_tick(watcher, lambda n: committed(tmp_path, 12) if n == 2 else None)
+    assert slept == [STOP_POLL_S, STOP_POLL_S]  # the tick comes right after the look that saw the manifest
+    watcher.tick(SIGNALLED + 3)
+    assert killed(watcher)
+
+
+def test_after_a_stop_signal_without_a_commit_the_ticks_keep_their_pace(tmp_path: Path) -> None:
+    watcher = watching(tmp_path, NODE_1)
+    agreed(tmp_path, 12)
+    committed(tmp_path, 10)  # an earlier save's commit is not the one that ends the trainer
+    slept = sleeps_until_tick(watcher)
+    assert slept == [STOP_POLL_S] * round(POLL_S / STOP_POLL_S) and sum(slept) == pytest.approx(POLL_S)
+
+
+def test_after_a_stop_signal_a_trainer_that_ended_by_itself_is_seen_within_a_short_look(tmp_path: Path) -> None:
+    watcher = watching(tmp_path, NODE_1)
+
+    def ends(n: int) -> None:
+        if n == 1:
+            watcher.trainer.kill()  # its tree has exited: poll() answers
+
+    assert sleeps_until_tick(watcher, ends) == [STOP_POLL_S]
