@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from bench import coordination_scale as bench
@@ -39,8 +40,12 @@ def test_the_other_nodes_run_a_named_stand_in_that_waits_to_be_ended(tmp_path: P
         assert stand_in.stdout is not None
         said = stand_in.stdout.readline()
         assert said.startswith("[bench] TRAINER STAND-IN on node 2: not ms-swift")
-        cmdline = Path(f"/proc/{stand_in.pid}/cmdline").read_bytes().split(b"\0")
-        assert cmdline[:2] == [bench.STAND_IN_NAME.encode(), b"infinity"]  # `sleep`, exec'ed in the shim's place
+        # `sleep`, exec'ed in the shim's place right after its line: looked for until the exec has happened
+        cmdline, deadline = b"", time.monotonic() + 30
+        while not (cmdline := Path(f"/proc/{stand_in.pid}/cmdline").read_bytes()).startswith(b"swiftslurm-"):
+            assert time.monotonic() < deadline, cmdline
+            time.sleep(0.01)
+        assert cmdline.split(b"\0")[:2] == [bench.STAND_IN_NAME.encode(), b"infinity"]
         assert stand_in.poll() is None  # it runs until its wrapper ends it
     finally:
         stand_in.kill()
