@@ -101,9 +101,9 @@ def test_a_signal_during_the_upload_drain_cuts_it_to_slurms_end_time(
             wait_until((run_dir / "logs" / job / "resume.json").is_file, HOLD_WAIT_S, "the resume point")
             proxy.stop()
             wait_until(lambda: phase(run_dir) == "finish_uploads", 600, "the upload drain")
-            # SLURM's end comes near (60-120 s away: as at a preemption, which moves it to the end of the grace
-            # time), then the signal: the drain must end KILL_MARGIN_S before that end, not after its hour.
-            limit = _minutes_so_far(job) + 1
+            # SLURM's end comes near (as at a preemption, which moves it to the end of the grace time), then
+            # the signal: the drain must end KILL_MARGIN_S before that end, not after its hour.
+            limit = _minutes_so_far(job) + 2
             subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={limit}"], check=True)
             subprocess.run(["scancel", "--signal=USR2", job], check=True)
             state = wait_for_job(job, timeout_s=limit * 60)
